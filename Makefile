@@ -1,0 +1,26 @@
+# One entry point for developers and CI: `make test` builds the venv and runs every test.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: test lint run bench
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+test: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+
+# The main job on the embedded default: the simulator standing in for `vllm serve` at the seed's baseline.
+run: $(BIN)/.installed
+	$(BIN)/batchscope sim serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 8192
+
+bench: $(BIN)/.installed
+	$(BIN)/python bench/sim_throughput.py

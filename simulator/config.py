@@ -1,0 +1,95 @@
+"""The simulator's serving configuration (the `vllm serve` flags it honours) and engine construction."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from simulator.cost import StepCostModel
+from simulator.engine import EngineCore, SchedulerLimits
+from simulator.memory import KvCachePlan, plan_kv_cache
+from simulator.profile import Profile, load_profile
+
+BlockSize = Literal[1, 8, 16, 32, 64, 128]
+
+
+class ServeConfig(BaseModel):
+    """Flags of `batchscope sim serve`; names and defaults mirror `vllm serve` (the seed's baseline)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="Model name or path, as given to `vllm serve`.")
+    served_model_name: str | None = Field(None, description="Name the API reports; defaults to model.")
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to listen on (0 picks a free one).")
+    max_num_seqs: int = Field(128, gt=0, description="Maximum number of sequences per iteration.")
+    max_num_batched_tokens: int = Field(2048, gt=0, description="Maximum number of tokens per iteration.")
+    gpu_memory_utilization: float = Field(
+        0.92, gt=0, le=1, description="Fraction of GPU memory for weights, activations and KV cache, in (0, 1]."
+    )
+    max_model_len: int | None = Field(None, gt=0, description="Prompt + output limit; defaults to the profile's.")
+    block_size: BlockSize = Field(16, description="Tokens per KV cache block.")
+    api_key: str | None = Field(None, description="If set, /v1 routes require 'Authorization: Bearer <key>'.")
+    seed: int = Field(0, description="Seed for EOS draws, output tokens and fault injection.")
+    profile: str = Field("h100-llama-3.1-8b", description="Built-in profile name or a profile YAML file.")
+    ground_truth_log: str | None = Field(None, description="JSONL file: per-request server-side timestamps.")
+    fault_error_rate: float = Field(0.0, ge=0, le=1, description="Fraction of requests answered with HTTP 500.")
+    fault_cut_rate: float = Field(0.0, ge=0, le=1, description="Fraction of streams cut half-way, no [DONE].")
+    fault_stall_rate: float = Field(0.0, ge=0, le=1, description="Fraction of requests held before responding.")
+    fault_stall_s: float = Field(0.0, ge=0, description="How long a stalled request is held, seconds.")
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> ServeConfig:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or equal to "
+                f"max_num_seqs ({self.max_num_seqs})."
+            )
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+
+def validation_message(exc: ValidationError) -> str:
+    """One line naming the first bad field and what it allows."""
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "config"
+    return f"{field}: {err['msg'].removeprefix('Value error, ')}"
+
+
+class Deployment:
+    """A validated config resolved against its profile: the KV plan and a fresh engine core."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.profile: Profile = load_profile(config.profile)
+        self.max_model_len = config.max_model_len or self.profile.max_model_len
+        if self.max_model_len > self.profile.max_model_len:
+            raise ValueError(
+                f"max_model_len: {self.max_model_len} is greater than the derived max_model_len "
+                f"({self.profile.max_model_len}) of profile {self.profile.name}"
+            )
+        self.kv_plan: KvCachePlan = plan_kv_cache(
+            self.profile,
+            config.gpu_memory_utilization,
+            config.max_num_batched_tokens,
+            config.block_size,
+            self.max_model_len,
+        )
+
+    def limits(self) -> SchedulerLimits:
+        return SchedulerLimits(
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            block_size=self.config.block_size,
+            num_gpu_blocks=self.kv_plan.num_gpu_blocks,
+        )
+
+    def new_engine(self) -> EngineCore:
+        return EngineCore(
+            self.limits(), StepCostModel(self.profile), self.profile.eos_probability, seed=self.config.seed
+        )

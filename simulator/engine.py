@@ -1,0 +1,310 @@
+"""The pure engine core: vLLM V1 scheduling, KV block accounting and recompute preemption.
+
+No I/O and no clock: callers pass ``now``. A step is two calls. ``schedule(now)`` picks the batch exactly as
+vLLM's ``Scheduler.schedule()`` does (running requests first, then waiting ones FCFS while fewer than
+max_num_seqs run, chunked prefill within max_num_batched_tokens, KV blocks allocated for the scheduled tokens
+only, the newest running request preempted when a block is missing) and prices it with the cost model.
+``complete(step, now)`` applies the step's results at its end: computed tokens, sampled tokens, finishes.
+
+Per-request state lives in numpy arrays indexed by a slot number, so a step over hundreds of decoding
+requests is a handful of vector operations; this is what lets the virtual clock run far faster than real time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.cost import StepCostModel
+from simulator.stats import EngineStats
+
+FREE, WAITING, RUNNING, FINISHED, ABORTED = range(5)
+REASON_LENGTH, REASON_STOP = 0, 1
+NEVER = np.iinfo(np.int64).max // 4
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """The knobs this project is about, plus the KV pool they share."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    num_gpu_blocks: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """One scheduled engine step: who runs, how many tokens each, and when the step ends."""
+
+    start: float
+    end: float
+    slots: np.ndarray
+    new_tokens: np.ndarray
+    num_preempted: int
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What a completed step produced: one token for each slot in ``token_slots``, and the finishes."""
+
+    token_slots: np.ndarray
+    token_index: np.ndarray  # 1-based position of the token in its request's output
+    finished_slots: np.ndarray
+    finish_reasons: np.ndarray  # REASON_LENGTH or REASON_STOP, aligned with finished_slots
+
+
+class EngineCore:
+    """Requests in, steps out. Slots are reused after a request ends; callers map slots to their requests."""
+
+    def __init__(self, limits: SchedulerLimits, cost: StepCostModel, eos_probability: float, seed: int = 0):
+        self.limits = limits
+        self.stats = EngineStats(limits.max_model_len)
+        self._cost = cost
+        self._eos_probability = eos_probability
+        self._rng = np.random.default_rng(seed)
+        # vLLM reserves one null block, so usage is measured against num_gpu_blocks - 1
+        self.usable_blocks = limits.num_gpu_blocks - 1
+        self.free_blocks = self.usable_blocks
+        self._waiting: deque[int] = deque()
+        self._running = np.zeros(0, dtype=np.int64)
+        self._free_slots: list[int] = []
+        self._pending_release: list[int] = []
+        self._step_in_flight = False
+        self._grow(64)
+
+    # ----- request lifecycle -------------------------------------------------------------------------
+
+    def _grow(self, capacity: int) -> None:
+        old = getattr(self, "state", np.zeros(0, dtype=np.int8)).size
+        ints = ("prompt_len", "max_tokens", "eos_at", "num_computed", "num_output", "num_blocks", "preemptions")
+        floats = ("arrival", "first_scheduled", "first_token", "last_token")
+        for name in ints:
+            self._extend(name, capacity, np.int64, 0)
+        for name in floats:
+            self._extend(name, capacity, np.float64, np.nan)
+        self._extend("state", capacity, np.int8, FREE)
+        self._free_slots.extend(range(capacity - 1, old - 1, -1))
+
+    def _extend(self, name: str, capacity: int, dtype: type, fill: float) -> None:
+        array = np.full(capacity, fill, dtype=dtype)
+        if hasattr(self, name):
+            old = getattr(self, name)
+            array[: old.size] = old
+        setattr(self, name, array)
+
+    def add_request(
+        self, now: float, prompt_len: int, max_tokens: int, ignore_eos: bool = True, min_tokens: int = 0
+    ) -> int:
+        """Queue a request that arrived at ``now``; return its slot. The caller validated the lengths."""
+        if not self._free_slots:
+            self._grow(self.state.size * 2)
+        slot = self._free_slots.pop()
+        self.prompt_len[slot] = prompt_len
+        self.max_tokens[slot] = max_tokens
+        # EOS ends a free-running output early; drawn up front so a seed fixes every output length
+        self.eos_at[slot] = NEVER if ignore_eos else min_tokens + self._rng.geometric(self._eos_probability)
+        self.num_computed[slot] = 0
+        self.num_output[slot] = 0
+        self.num_blocks[slot] = 0
+        self.preemptions[slot] = 0
+        self.arrival[slot] = now
+        self.first_scheduled[slot] = np.nan
+        self.first_token[slot] = np.nan
+        self.last_token[slot] = np.nan
+        self.state[slot] = WAITING
+        self._waiting.append(slot)
+        return slot
+
+    def abort(self, slot: int) -> None:
+        """Drop a waiting or running request (client gone): free its blocks at once."""
+        if self.state[slot] == WAITING:
+            self._waiting.remove(slot)
+        elif self.state[slot] == RUNNING:
+            self._release_blocks(np.array([slot]))
+            self._running = self._running[self._running != slot]
+        else:
+            return
+        self.state[slot] = ABORTED
+        self.stats.record_aborted(1)
+        self._pending_release.append(slot)
+        if not self._step_in_flight:
+            self._release_slots()
+
+    def _release_slots(self) -> None:
+        for slot in self._pending_release:
+            self.state[slot] = FREE
+        self._free_slots.extend(self._pending_release)
+        self._pending_release.clear()
+
+    def _release_blocks(self, slots: np.ndarray) -> None:
+        self.free_blocks += int(self.num_blocks[slots].sum())
+        self.num_blocks[slots] = 0
+
+    # ----- scheduling ----------------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return int(self._running.size)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """vLLM's kv_cache_usage_perc: 1 - free / (num_gpu_blocks - 1)."""
+        return 1.0 - self.free_blocks / self.usable_blocks
+
+    def has_work(self) -> bool:
+        return bool(self._running.size or self._waiting)
+
+    def schedule(self, now: float) -> Step | None:
+        """Choose the next batch (V1 semantics, FCFS policy) and price it; None when idle."""
+        if not self.has_work():
+            return None
+        budget = self.limits.max_num_batched_tokens
+        slots: list[np.ndarray] = []
+        counts: list[np.ndarray] = []
+        budget, preempted = self._schedule_running(budget, slots, counts)
+        if not preempted:
+            self._schedule_waiting(now, budget, slots, counts)
+        chosen = np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64)
+        new_tokens = np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
+        duration = self._cost.step_seconds(new_tokens, self.num_computed[chosen]) if chosen.size else 0.0
+        self._step_in_flight = True
+        return Step(now, now + duration, chosen, new_tokens, preempted)
+
+    def _blocks_needed(self, slots: np.ndarray, new_tokens: np.ndarray) -> np.ndarray:
+        size = self.limits.block_size
+        total = (self.num_computed[slots] + new_tokens + size - 1) // size
+        return np.maximum(total - self.num_blocks[slots], 0)
+
+    def _schedule_running(self, budget: int, slots: list, counts: list) -> tuple[int, int]:
+        """Phase 1: every running request in order gets its remaining tokens, within the budget."""
+        preempted = 0
+        start = 0
+        while start < self._running.size and budget > 0:
+            segment = self._running[start:]
+            need = self.prompt_len[segment] + self.num_output[segment] - self.num_computed[segment]
+            before = np.cumsum(need) - need
+            granted = np.minimum(need, np.maximum(budget - before, 0))
+            served = int(np.count_nonzero(granted))  # a prefix: once the budget is gone the rest get 0
+            segment, granted = segment[:served], granted[:served]
+            blocks = self._blocks_needed(segment, granted)
+            fits = np.cumsum(blocks) <= self.free_blocks
+            ok = served if fits.all() else int(np.argmin(fits))
+            self._allocate(segment[:ok], granted[:ok], blocks[:ok], slots, counts)
+            budget -= int(granted[:ok].sum())
+            if ok == served:
+                break
+            # the request at `ok` lacks blocks: preempt the newest running requests until it fits
+            blocked = int(segment[ok])
+            while self.free_blocks < blocks[ok]:
+                victim = int(self._running[-1])
+                self._preempt(victim)
+                preempted += 1
+                if victim == blocked:
+                    return budget, preempted
+            self._allocate(segment[ok : ok + 1], granted[ok : ok + 1], blocks[ok : ok + 1], slots, counts)
+            budget -= int(granted[ok])
+            start += ok + 1
+        return budget, preempted
+
+    def _allocate(self, chosen: np.ndarray, granted: np.ndarray, blocks: np.ndarray, slots: list, counts: list):
+        if chosen.size == 0:
+            return
+        self.num_blocks[chosen] += blocks
+        self.free_blocks -= int(blocks.sum())
+        slots.append(chosen)
+        counts.append(granted)
+
+    def _preempt(self, slot: int) -> None:
+        """Recompute-style preemption: free everything, forget computed tokens, go to the queue's front."""
+        self._running = self._running[:-1]
+        self._release_blocks(np.array([slot]))
+        self.num_computed[slot] = 0
+        self.preemptions[slot] += 1
+        self.stats.num_preemptions += 1
+        self.state[slot] = WAITING
+        self._waiting.appendleft(slot)
+
+    def _schedule_waiting(self, now: float, budget: int, slots: list, counts: list) -> None:
+        """Phase 2: admit waiting requests FCFS while budget, max_num_seqs and KV blocks allow."""
+        admitted: list[int] = []
+        size = self.limits.block_size
+        room = self.limits.max_num_seqs - self._running.size
+        while self._waiting and budget > 0 and len(admitted) < room:
+            slot = self._waiting[0]
+            granted = min(int(self.prompt_len[slot] + self.num_output[slot]), budget)
+            blocks = -(-granted // size)
+            if blocks > self.free_blocks:
+                break  # head-of-line: waiting requests never preempt
+            self._waiting.popleft()
+            self.num_blocks[slot] = blocks
+            self.free_blocks -= blocks
+            self.state[slot] = RUNNING
+            if np.isnan(self.first_scheduled[slot]):
+                self.first_scheduled[slot] = now
+            admitted.append(slot)
+            budget -= granted
+            slots.append(np.array([slot]))
+            counts.append(np.array([granted]))
+        if admitted:
+            self._running = np.concatenate([self._running, np.array(admitted, dtype=np.int64)])
+
+    # ----- step completion -----------------------------------------------------------------------------
+
+    def complete(self, step: Step, now: float) -> StepOutput:
+        """Apply a step's results at ``now`` (its end, or later in real time): tokens, finishes, stats."""
+        self._step_in_flight = False
+        alive = self.state[step.slots] == RUNNING  # skip requests aborted during the step
+        slots, new_tokens = step.slots[alive], step.new_tokens[alive]
+        self.num_computed[slots] += new_tokens
+        sampled = slots[self.num_computed[slots] == self.prompt_len[slots] + self.num_output[slots]]
+        first = self.num_output[sampled] == 0
+        self.num_output[sampled] += 1
+        self._record_tokens(sampled, first, now)
+        output_len = self.num_output[sampled]
+        by_length = output_len >= self.max_tokens[sampled]
+        by_stop = ~by_length & (output_len >= self.eos_at[sampled])
+        done = by_length | by_stop
+        finished = sampled[done]
+        reasons = np.where(by_length[done], REASON_LENGTH, REASON_STOP)
+        if finished.size:
+            self._finish(finished, reasons, now)
+        out = StepOutput(sampled, output_len, finished, reasons)
+        self._release_slots()
+        return out
+
+    def _record_tokens(self, sampled: np.ndarray, first: np.ndarray, now: float) -> None:
+        firsts, decodes = sampled[first], sampled[~first]
+        self.first_token[firsts] = now
+        self.stats.record_tokens(
+            ttft=now - self.arrival[firsts],
+            itl=now - self.last_token[decodes],
+            prompt_tokens_of_first=int(self.prompt_len[firsts].sum()),
+        )
+        self.last_token[sampled] = now
+
+    def _finish(self, finished: np.ndarray, reasons: np.ndarray, now: float) -> None:
+        self._release_blocks(finished)
+        self.state[finished] = FINISHED
+        self._running = self._running[self.state[self._running] == RUNNING]
+        for code, name in ((REASON_LENGTH, "length"), (REASON_STOP, "stop")):
+            group = finished[reasons == code]
+            self.stats.record_finished(
+                name,
+                arrival=self.arrival[group],
+                scheduled=self.first_scheduled[group],
+                first_token=self.first_token[group],
+                last_token=self.last_token[group],
+                now=now,
+                prompt_tokens=self.prompt_len[group],
+                generation_tokens=self.num_output[group],
+                max_tokens=self.max_tokens[group],
+            )
+        self._pending_release.extend(int(s) for s in finished)

@@ -1,0 +1,93 @@
+"""GPU + model cost profiles: the numbers behind the simulator's memory budget and step times.
+
+A profile is a YAML file (built-ins live in ``simulator/profiles/``). Byte fields accept plain integers or
+strings with a binary unit (``"14.99 GiB"``) so the files can quote the figures exactly as vLLM logs them.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+_UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGT]iB|B)?\s*$")
+
+
+def parse_bytes(value: object) -> object:
+    """Turn '14.99 GiB' into an int number of bytes; leave numbers alone for pydantic to check."""
+    if not isinstance(value, str):
+        return value
+    match = _SIZE.match(value)
+    if not match:
+        raise ValueError(f"not a size: {value!r} (use bytes or a number with B, KiB, MiB, GiB or TiB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2) or ""])
+
+
+Bytes = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
+
+
+class Profile(BaseModel):
+    """One model on one GPU: memory at start-up and the cost of an engine step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Profile name, as given to --profile.")
+    description: str = Field("", description="What the profile models and where its numbers come from.")
+    max_model_len: int = Field(gt=0, description="Context length of the model (prompt + output), tokens.")
+
+    gpu_memory_bytes: Bytes = Field(description="Total device memory as vLLM reports it (total_memory).")
+    weight_bytes: Bytes = Field(description="Memory taken by the weights ('Model loading took').")
+    non_torch_bytes: Bytes = Field( description="Memory outside PyTorch's allocator (NCCL, CUDA context).")
+    activation_base_bytes: Bytes = Field( description="Peak activation memory of the profiling run, intercept.")
+    activation_bytes_per_batched_token: float = Field(
+        ge=0, description="Growth of the profiled activation peak per token of max_num_batched_tokens."
+    )
+    kv_bytes_per_token: Bytes = Field(description="KV cache per token: 2 x layers x kv_heads x head_dim x dtype.")
+
+    matmul_params: float = Field(gt=0, description="Parameters used in matrix multiplies (excludes embedding).")
+    attention_flops_per_token_pair: float = Field(
+        ge=0, description="FLOPs per (query token, context token) pair: 4 x layers x heads x head_dim."
+    )
+    peak_flops: float = Field(gt=0, description="Dense bf16 peak of the GPU, FLOP/s.")
+    memory_bandwidth: float = Field(gt=0, description="HBM bandwidth of the GPU, bytes/s.")
+    compute_efficiency: float = Field(gt=0, le=1, description="Achieved fraction of peak_flops in matmuls.")
+    bandwidth_efficiency: float = Field(gt=0, le=1, description="Achieved fraction of memory_bandwidth.")
+    step_overhead_s: float = Field(ge=0, description="Fixed per-step cost: scheduling, launch, sampling, output.")
+    eos_probability: float = Field(
+        0.002, ge=0, le=1, description="Chance per generated token of drawing EOS when ignore_eos is false."
+    )
+
+    def activation_peak_bytes(self, max_num_batched_tokens: int) -> int:
+        """Peak activation memory of vLLM's profiling forward pass of max_num_batched_tokens tokens."""
+        return int(self.activation_base_bytes + self.activation_bytes_per_batched_token * max_num_batched_tokens)
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped with the simulator."""
+    folder = resources.files("simulator") / "profiles"
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """Load a built-in profile by name, or a YAML file by path; raise ValueError with a one-line reason."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ValueError(f"profile: file {name_or_path} not found")
+        text = path.read_text()
+    else:
+        if name_or_path not in builtin_profiles():
+            allowed = ", ".join(builtin_profiles())
+            raise ValueError(f"profile: unknown profile {name_or_path!r} (allowed: {allowed}, or a YAML file)")
+        text = (resources.files("simulator") / "profiles" / f"{name_or_path}.yaml").read_text()
+    try:
+        return Profile.model_validate(yaml.safe_load(text))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ValueError(f"profile {name_or_path}: {field}: {err['msg']}") from None
