@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simulator.cost import StepCostModel
 from simulator.engine import EngineCore, SchedulerLimits
@@ -26,7 +26,7 @@ class ServeConfig(BaseModel):
     max_num_seqs: int = Field(128, gt=0, description="Maximum number of sequences per iteration.")
     max_num_batched_tokens: int = Field(2048, gt=0, description="Maximum number of tokens per iteration.")
     gpu_memory_utilization: float = Field(
-        0.92, gt=0, le=1, description="Fraction of GPU memory for weights, activations and KV cache, in (0, 1]."
+        0.92, description="Fraction of GPU memory for weights, activations and KV cache, in (0, 1]."
     )
     max_model_len: int | None = Field(None, gt=0, description="Prompt + output limit; defaults to the profile's.")
     block_size: BlockSize = Field(16, description="Tokens per KV cache block.")
@@ -38,6 +38,13 @@ class ServeConfig(BaseModel):
     fault_cut_rate: float = Field(0.0, ge=0, le=1, description="Fraction of streams cut half-way, no [DONE].")
     fault_stall_rate: float = Field(0.0, ge=0, le=1, description="Fraction of requests held before responding.")
     fault_stall_s: float = Field(0.0, ge=0, description="How long a stalled request is held, seconds.")
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _check_utilization(cls, value: float) -> float:
+        if not 0 < value <= 1:
+            raise ValueError(f"must be in (0, 1], got {value}")
+        return value
 
     @model_validator(mode="after")
     def _check_budget(self) -> ServeConfig:
@@ -56,8 +63,9 @@ class ServeConfig(BaseModel):
 def validation_message(exc: ValidationError) -> str:
     """One line naming the first bad field and what it allows."""
     err = exc.errors()[0]
-    field = ".".join(str(p) for p in err["loc"]) or "config"
-    return f"{field}: {err['msg'].removeprefix('Value error, ')}"
+    message = err["msg"].removeprefix("Value error, ")
+    field = ".".join(str(p) for p in err["loc"])
+    return f"{field}: {message}" if field else message  # model-level messages name their fields
 
 
 class Deployment:

@@ -1,0 +1,100 @@
+"""`batchscope sim serve MODEL ...`: the simulator as a drop-in for `vllm serve` (same flag names)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from pydantic import ValidationError
+
+from simulator.config import Deployment, ServeConfig, validation_message
+from simulator.profile import builtin_profiles
+
+log = logging.getLogger("simulator")
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    sim = commands.add_parser("sim", help="the vLLM-compatible simulator")
+    sim_commands = sim.add_subparsers(dest="sim_command", required=True, parser_class=type(sim))
+    serve = sim_commands.add_parser("serve", help="serve the OpenAI API and /metrics like `vllm serve`")
+    serve.add_argument("model", help="model name or path (what `vllm serve` takes)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (logged at start-up)")
+    serve.add_argument("--served-model-name")
+    serve.add_argument("--max-num-seqs", type=int, default=128)
+    serve.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    serve.add_argument("--max-model-len", type=int, help="default: the profile's model context length")
+    serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument("--api-key")
+    serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--profile", default="h100-llama-3.1-8b",
+                       help=f"GPU + model profile: {', '.join(builtin_profiles())}, or a YAML file")
+    serve.add_argument("--ground-truth-log", metavar="FILE", help="append per-request server timestamps (JSONL)")
+    serve.add_argument("--fault-error-rate", type=float, default=0.0, help="fraction of requests answered 500")
+    serve.add_argument("--fault-cut-rate", type=float, default=0.0, help="fraction of streams cut half-way")
+    serve.add_argument("--fault-stall-rate", type=float, default=0.0, help="fraction of requests held")
+    serve.add_argument("--fault-stall-s", type=float, default=0.0, help="how long a held request waits, s")
+    serve.set_defaults(run=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    fields = {k: v for k, v in vars(args).items() if k in ServeConfig.model_fields and v is not None}
+    try:
+        deployment = Deployment(ServeConfig(**fields))
+    except ValidationError as exc:
+        print(f"batchscope sim serve: error: {validation_message(exc)}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"batchscope sim serve: error: {exc}", file=sys.stderr)
+        return 1
+    _configure_logging()
+    _log_startup(deployment)
+    from simulator.server import serve  # aiohttp is only needed once we really serve
+
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.run
+    runner(_serve_until_signal(deployment, serve))
+    return 0
+
+
+async def _serve_until_signal(deployment: Deployment, serve) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(deployment, stop)
+
+
+def _configure_logging() -> None:
+    """vLLM's log line layout: 'INFO 11-30 04:51:11 [file.py:123] message'."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s",
+                                           datefmt="%m-%d %H:%M:%S"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _log_startup(deployment: Deployment) -> None:
+    config = deployment.config
+    log.info("vLLM API server version %s (batchscope simulator, profile %s)", _vllm_version(),
+             deployment.profile.name)
+    log.info("non-default args: %s", config.model_dump(exclude_defaults=True))
+    log.info("Chunked prefill is enabled with max_num_batched_tokens=%d.", config.max_num_batched_tokens)
+    for line in deployment.kv_plan.log_lines():
+        log.info("%s", line)
+
+
+def _vllm_version() -> str:
+    from simulator.server import VLLM_VERSION
+
+    return VLLM_VERSION

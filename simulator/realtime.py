@@ -1,0 +1,112 @@
+"""Drive the engine core in real time inside an asyncio loop and hand tokens to the waiting HTTP handlers.
+
+Each step is scheduled now, slept until its modelled end, then completed at the actual wake-up time, so any
+lag of the loop shows up in the latencies exactly as a slow engine would. The lag (actual - modelled end) is
+kept for the benchmark and for /sim/stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import numpy as np
+
+from simulator.engine import REASON_LENGTH, EngineCore
+
+
+class RequestStream:
+    """Tokens of one request as the engine produces them; the HTTP handler awaits and drains it."""
+
+    __slots__ = ("slot", "produced", "finish_reason", "_event")
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.produced = 0  # output tokens produced so far
+        self.finish_reason: str | None = None
+        self._event = asyncio.Event()
+
+    def _push(self, produced: int, finish_reason: str | None) -> None:
+        self.produced = produced
+        self.finish_reason = finish_reason
+        self._event.set()
+
+    async def wait(self) -> None:
+        """Until something new was produced since the last wait."""
+        await self._event.wait()
+        self._event.clear()
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class RealtimeEngine:
+    """Owns the engine core, the step loop and the map from engine slots to open streams."""
+
+    LAG_WINDOW = 100_000
+
+    def __init__(self, engine: EngineCore) -> None:
+        self.engine = engine
+        self._streams: dict[int, RequestStream] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.steps = 0
+        self.tokens = 0
+        self.step_lags: deque[float] = deque(maxlen=self.LAG_WINDOW)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def submit(self, prompt_len: int, max_tokens: int, ignore_eos: bool, min_tokens: int) -> RequestStream:
+        now = asyncio.get_running_loop().time()
+        slot = self.engine.add_request(now, prompt_len, max_tokens, ignore_eos, min_tokens)
+        stream = RequestStream(slot)
+        self._streams[slot] = stream
+        self._wake.set()
+        return stream
+
+    def abort(self, stream: RequestStream) -> None:
+        """The client went away: free the request's KV blocks and forget it."""
+        if self._streams.get(stream.slot) is stream:
+            del self._streams[stream.slot]
+            self.engine.abort(stream.slot)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        engine = self.engine
+        while True:
+            step = engine.schedule(loop.time())
+            if step is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            delay = step.end - loop.time()
+            # sleep(0) still yields, so handlers and new arrivals get their turn between steps
+            await asyncio.sleep(max(delay, 0.0))
+            now = loop.time()
+            self.step_lags.append(now - step.end)
+            self._deliver(engine.complete(step, now))
+            self.steps += 1
+
+    def _deliver(self, output) -> None:
+        streams = self._streams
+        finished = dict(zip(output.finished_slots.tolist(), output.finish_reasons.tolist(), strict=True))
+        self.tokens += output.token_slots.size
+        for slot, produced in zip(output.token_slots.tolist(), output.token_index.tolist(), strict=True):
+            reason = finished.get(slot)
+            stream = streams.pop(slot) if reason is not None else streams[slot]
+            stream._push(produced, None if reason is None else ("length" if reason == REASON_LENGTH else "stop"))
+
+    def lag_summary(self) -> dict[str, float]:
+        """Step lag percentiles over the recent window, seconds."""
+        if not self.step_lags:
+            return {"p50": 0.0, "p99": 0.0, "max": 0.0}
+        lags = np.fromiter(self.step_lags, dtype=float)
+        return {"p50": float(np.percentile(lags, 50)), "p99": float(np.percentile(lags, 99)),
+                "max": float(lags.max())}
