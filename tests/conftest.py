@@ -1,0 +1,82 @@
+"""Shared fixtures: real simulator processes on loopback, started with the CLI and polled until ready."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+READY_LINE = re.compile(r"Starting vLLM API server 0 on (http://127\.0\.0\.1:\d+)")
+
+
+@dataclass
+class SimProcess:
+    """A running `batchscope sim serve` and where to find its output."""
+
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def start_simulator(tmp_path: Path, *flags: str, model: str = "sim-model", deadline_s: float = 20.0) -> SimProcess:
+    """Start the simulator on a free loopback port and wait (bounded) until /health answers."""
+    log_path = tmp_path / f"sim-{time.monotonic_ns()}.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "batchscope.cli", "sim", "serve", model, "--port", "0", *flags],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        match = READY_LINE.search(log_path.read_text())
+        if match and requests.get(match.group(1) + "/health", timeout=2).status_code == 200:
+            return SimProcess(match.group(1), process, log_path)
+        if process.poll() is not None:
+            raise RuntimeError(f"simulator exited with {process.returncode}: {log_path.read_text()}")
+        time.sleep(0.05)  # polling interval of a bounded wait, not synchronisation
+    process.kill()
+    raise TimeoutError(f"simulator not ready in {deadline_s}s: {log_path.read_text()}")
+
+
+@pytest.fixture
+def simulator(tmp_path):
+    """Factory: ``simulator(*flags)`` starts a server; every one started is stopped after the test."""
+    started: list[SimProcess] = []
+
+    def factory(*flags: str, **kwargs) -> SimProcess:
+        sim = start_simulator(tmp_path, *flags, **kwargs)
+        started.append(sim)
+        return sim
+
+    yield factory
+    for sim in started:
+        sim.stop()
+
+
+def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.02, message: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")

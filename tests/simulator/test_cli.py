@@ -1,0 +1,45 @@
+"""`batchscope sim serve`: flags like `vllm serve`, one-line errors, vLLM's start-up lines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import wait_until
+
+
+def serve(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "batchscope.cli", "sim", "serve", "m", *flags],
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize(("flags", "field", "code"), [
+    (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization: must be in (0, 1]", 2),
+    (["--gpu-memory-utilization", "0"], "gpu_memory_utilization: must be in (0, 1]", 2),
+    (["--max-num-seqs", "256", "--max-num-batched-tokens", "128"],
+     "max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)", 2),
+    (["--block-size", "7"], "block_size: Input should be 1, 8, 16, 32, 64 or 128", 2),
+    (["--max-num-seqs", "many"], "argument --max-num-seqs: invalid int value", 2),
+    (["--profile", "nope"], "allowed: h100-llama-3.1-8b, tiny", 1),
+    (["--gpu-memory-utilization", "0.25"], "gpu_memory_utilization", 1),
+    (["--gpu-memory-utilization", "0.3"], "To serve at least one request with the models's max seq len (131072)", 1),
+    (["--max-model-len", "200000"], "max_model_len: 200000 is greater than the derived max_model_len", 1),
+])
+def test_bad_flags_give_one_line_naming_the_field_and_a_nonzero_exit(flags, field, code):
+    result = serve(*flags)
+    assert result.returncode == code
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], result.stderr
+
+
+@pytest.mark.e2e
+def test_startup_reproduces_the_measured_kv_capacity_line(simulator):
+    """vLLM v0.19 on an H100 logged these two lines for Llama-3.1-8B at these settings (calibration.md 1a)."""
+    sim = simulator("--gpu-memory-utilization", "0.95", "--max-num-batched-tokens", "8192",
+                    "--max-num-seqs", "1024", "--max-model-len", "8192")
+    log = wait_until(sim.log, message="start-up log")
+    assert "GPU KV cache size: 476,016 tokens" in log
+    assert "Maximum concurrency for 8,192 tokens per request: 58.11x" in log
+    assert "Available KV cache memory: 58.11 GiB" in log
