@@ -9,67 +9,18 @@ inference = last token - first scheduled, e2e = finish - arrival, TPOT = decode 
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 import numpy as np
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+from batchscope.histogram import Histogram
+from batchscope.vllm_buckets import (
+    ITERATION_TOKEN_BUCKETS,
+    ITL_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    TTFT_BUCKETS,
+    build_1_2_5_buckets,
+)
+
 FINISH_REASONS = ("stop", "length", "abort")
-
-
-def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
-    """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to max_value."""
-    buckets: list[int] = []
-    exponent = 0
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10**exponent
-            if value > max_value:
-                return tuple(buckets)
-            buckets.append(value)
-        exponent += 1
-
-
-class Histogram:
-    """A classic cumulative-bucket histogram with fixed upper bounds (``le``), fed scalars or arrays."""
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = tuple(float(b) for b in bounds)
-        self._bounds = np.asarray(self.bounds)
-        self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)  # last slot is +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def observe_many(self, values: np.ndarray) -> None:
-        if values.size == 0:
-            return
-        index = np.searchsorted(self._bounds, values, side="left")
-        self.counts += np.bincount(index, minlength=self.counts.size)
-        self.sum += float(values.sum())
-
-    @property
-    def count(self) -> int:
-        return int(self.counts.sum())
-
-    @property
-    def mean(self) -> float:
-        return self.sum / self.count if self.count else 0.0
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        """(le, cumulative count) pairs ending with +Inf, as prometheus_client's HistogramMetricFamily wants."""
-        running = np.cumsum(self.counts)
-        pairs = [(repr(b), float(c)) for b, c in zip(self.bounds, running[:-1], strict=True)]
-        pairs.append(("+Inf", float(running[-1])))
-        return pairs
 
 
 class EngineStats:

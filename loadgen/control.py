@@ -1,0 +1,133 @@
+"""The controlling side of a run, on the master (or the local runner): timing, merged stats, records, stop.
+
+Workers report deltas (new records, cumulative counts) every few seconds and once more when stopped; the
+controller adds them up, writes each record to records.jsonl as it arrives, and serves the merged metrics. At
+the end it asks every sender to stop, waits (bounded) for their final reports, then lets Locust quit, so every
+started request is accounted for in the summary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from loadgen.metrics import ClientStats
+from loadgen.request import RequestRecord, Target
+from loadgen.spec import OfflineLoad, WorkloadSpec
+from loadgen.summary import Summary, summarize
+from loadgen.target import build_target
+
+FINAL_REPORT_TIMEOUT_S = 30.0
+
+
+@dataclass
+class SenderState:
+    """The latest cumulative counts one sender (worker) reported."""
+
+    started: int = 0
+    refused: int = 0
+    in_flight: int = 0
+    final: bool = False
+
+
+@dataclass
+class RunControl:
+    """Merges what the senders report and decides when the run ends."""
+
+    spec: WorkloadSpec
+    run_id: str
+    host: str
+    out_dir: Path | None
+    request_stop: Callable[[], None]
+    sender_count: Callable[[], int]
+    pull: Callable[..., None] | None = None  # local runner: fetch the in-process sender's report
+    stats: ClientStats = field(default_factory=ClientStats)
+    records: list[RequestRecord] = field(default_factory=list)
+    senders: dict[str, SenderState] = field(default_factory=dict)
+    target: Target | None = None
+    start_s: float | None = None
+    stop_s: float | None = None
+    _stop_deadline: float | None = None
+    _records_file: IO[str] | None = None
+
+    def begin(self) -> None:
+        """Start the run (first tick): resolve the request once for every sender, open the records file.
+
+        Raises SpecError when the server cannot tell the model or count a chat prompt.
+        """
+        self.target = build_target(self.spec, self.host)
+        self.start_s = time.time()
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._records_file = open(self.out_dir / "records.jsonl", "w", buffering=1)  # noqa: SIM115
+
+    def refresh(self) -> None:
+        """Bring in the local sender's latest records (no-op on a master, whose workers push)."""
+        if self.pull is not None and not self.stopping:
+            self.pull()
+
+    # ----- reports -------------------------------------------------------------------------------------
+
+    def accept(self, record: RequestRecord) -> None:
+        self.stats.observe(record)
+        self.records.append(record)
+        if self._records_file is not None:
+            self._records_file.write(record.to_json() + "\n")
+
+    def merge_report(self, sender: str, report: dict) -> None:
+        """A sender's delta: its new records and its cumulative counters."""
+        state = self.senders.setdefault(sender, SenderState())
+        for data in report["records"]:
+            self.accept(RequestRecord(**data))
+        state.started, state.refused, state.in_flight = report["started"], report["refused"], report["in_flight"]
+        state.final = state.final or report.get("final", False)
+        self.stats.started = sum(s.started for s in self.senders.values())
+        self.stats.refused = sum(s.refused for s in self.senders.values())
+
+    @property
+    def in_flight(self) -> int:
+        return sum(s.in_flight for s in self.senders.values())
+
+    # ----- timing --------------------------------------------------------------------------------------
+
+    def should_end(self) -> bool:
+        elapsed = time.time() - self.start_s
+        if isinstance(self.spec.load, OfflineLoad):
+            return self.stats.finished >= self.spec.load.requests or elapsed > self.spec.timeout_s + 30
+        return elapsed >= self.spec.warmup_s + self.spec.duration_s
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_deadline is not None
+
+    def begin_stop(self) -> None:
+        self.stop_s = time.time()
+        self._stop_deadline = self.stop_s + FINAL_REPORT_TIMEOUT_S
+        self.request_stop()
+
+    def stopped(self) -> bool:
+        """All senders have sent their final report (or the wait timed out)."""
+        finals = sum(1 for s in self.senders.values() if s.final)
+        return finals >= self.sender_count() or time.time() > self._stop_deadline
+
+    # ----- result --------------------------------------------------------------------------------------
+
+    def summary(self) -> Summary:
+        stop = self.stop_s or time.time()
+        return summarize(self.spec, self.records, run_id=self.run_id, host=self.host, start_s=self.start_s,
+                         stop_s=stop, started=self.stats.started, refused=self.stats.refused)
+
+    def close(self) -> Summary | None:
+        """Write summary.json (when an output directory is set) and return the summary."""
+        if self.start_s is None:
+            return None
+        result = self.summary()
+        if self._records_file is not None:
+            self._records_file.close()
+            self._records_file = None
+        if self.out_dir is not None:
+            (self.out_dir / "summary.json").write_text(result.model_dump_json(indent=2))
+        return result

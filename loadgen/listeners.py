@@ -1,0 +1,236 @@
+"""Locust wiring: every batchscope behaviour hangs off Locust's events (listeners take **kwargs always).
+
+Roles: a *sender* (worker or local runner) runs users and produces records; the *controller* (master or local
+runner) merges reports, serves /metrics, writes records and the summary, and ends the run. Messages:
+worker -> master deltas ride on report_to_master / worker_report; "batchscope_stop" asks workers to stop,
+"batchscope_final" carries each worker's last delta.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from locust import events
+from locust.env import Environment
+from locust.runners import MasterRunner, WorkerRunner
+from prometheus_client import CollectorRegistry, start_http_server
+
+from loadgen.control import RunControl
+from loadgen.metrics import ClientMetricsCollector
+from loadgen.request import RequestRecord, Target
+from loadgen.run import LoadRun
+from loadgen.spec import OfflineLoad, SpecError, WorkloadSpec, load_spec
+from loadgen.summary import print_summary
+
+log = logging.getLogger("batchscope.loadgen")
+DEFAULT_METRICS_PORT = 9646
+
+
+class OutcomeError(Exception):
+    """Carries a failed request's outcome into Locust's failure table."""
+
+
+@events.init_command_line_parser.add_listener
+def add_arguments(parser, **_kwargs) -> None:
+    parser.add_argument("--spec", help="workload spec YAML file", env_var="BATCHSCOPE_SPEC")
+    parser.add_argument("--spec-set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a spec field, e.g. load.rate=8 (repeatable)")
+    parser.add_argument("--run-id", default="", help="run identifier (default: start time)")
+    parser.add_argument("--out", default="", help="directory for records.jsonl and summary.json")
+    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                       help="port of the merged client /metrics (master or local runner); 0 = off")
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="address of the client /metrics")
+    parser.add_argument("--batchscope-spec", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
+    parser.add_argument("--batchscope-target", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
+
+
+# ----- senders ---------------------------------------------------------------------------------------------
+
+
+def sender(environment: Environment) -> LoadRun:
+    """This process's LoadRun, built on first use (on a worker the spec arrives with the first spawn)."""
+    run = getattr(environment, "batchscope_run", None)
+    if run is None:
+        options = environment.parsed_options
+        spec = WorkloadSpec.model_validate_json(options.batchscope_spec)
+        runner = environment.runner
+        is_worker = isinstance(runner, WorkerRunner)
+        workers = max(1, int(getattr(options, "expect_workers", 1) or 1)) if is_worker else 1
+        run = LoadRun(spec, Target.from_json(options.batchscope_target),
+                      worker_index=runner.worker_index if is_worker else 0, workers=workers,
+                      on_record=lambda record: fire_request_events(environment, spec, record))
+        environment.batchscope_run = run
+    return run
+
+
+def fire_request_events(environment: Environment, spec: WorkloadSpec, record: RequestRecord) -> None:
+    """Show each client metric in Locust's stats under its own name (ms, as Locust wants)."""
+    fire = environment.events.request.fire
+    name = spec.scenario
+    context = {"output_tokens": record.output_tokens, "request_id": record.request_id}
+    total = ((record.end_s or record.scheduled_s) - record.scheduled_s) * 1000
+    if record.outcome != "ok":
+        fire(request_type="REQUEST", name=name, response_time=total, response_length=0, context=context,
+             exception=OutcomeError(record.outcome if record.status in (None, 200) else f"http {record.status}"))
+        return
+    fire(request_type="REQUEST", name=name, response_time=total, response_length=0, context=context, exception=None)
+    for metric, value in (("TTFT", record.ttft_s), ("TPOT", record.tpot_s), ("E2E", record.e2e_s)):
+        if value is not None:
+            fire(request_type=metric, name=name, response_time=value * 1000, response_length=0, context=context,
+                 exception=None)
+    for gap in record.itl_s:
+        fire(request_type="ITL", name=name, response_time=gap * 1000, response_length=0, context=context,
+             exception=None)
+
+
+# ----- controller ------------------------------------------------------------------------------------------
+
+
+def control(environment: Environment) -> RunControl | None:
+    return getattr(environment, "batchscope_control", None)
+
+
+def _new_control(environment: Environment) -> RunControl:
+    options = environment.parsed_options
+    spec = WorkloadSpec.model_validate_json(options.batchscope_spec)
+    runner = environment.runner
+    if isinstance(runner, MasterRunner):
+        stop = lambda: runner.send_message("batchscope_stop", None)  # noqa: E731
+        count = lambda: runner.worker_count  # noqa: E731
+        pull = None
+    else:
+        def stop() -> None:
+            sender(environment).stop_now()
+            pull(final=True)
+
+        def pull(final: bool = False) -> None:
+            run = getattr(environment, "batchscope_run", None)  # none before the first user starts
+            if run is not None:
+                ctl.merge_report("local", run.report(final=final))
+
+        count = lambda: 1  # noqa: E731
+    ctl = RunControl(spec=spec, run_id=options.run_id or time.strftime("%Y%m%dT%H%M%S"),
+                     host=environment.host or "", out_dir=Path(options.out) if options.out else None,
+                     request_stop=stop, sender_count=count, pull=pull)
+    return ctl
+
+
+def tick(environment: Environment, closed_user: type, open_user: type) -> tuple | None:
+    """The load shape: who runs, until the run is over and every sender has reported its last records."""
+    ctl = control(environment)
+    if ctl is None:
+        return None
+    ctl.refresh()
+    if ctl.start_s is None:
+        try:
+            ctl.begin()
+        except SpecError as exc:
+            log.error("%s", exc)
+            environment.process_exit_code = 2
+            return None
+        environment.parsed_options.batchscope_target = ctl.target.to_json()  # travels with the spawn
+    if not ctl.stopping and ctl.should_end():
+        ctl.begin_stop()
+    if ctl.stopping and ctl.stopped():
+        return None
+    load = ctl.spec.load
+    if load.mode == "concurrency":
+        return load.concurrency, load.concurrency, [closed_user]
+    senders = environment.runner.worker_count if isinstance(environment.runner, MasterRunner) else 1
+    return senders, senders, [open_user]
+
+
+def dispatch_window(environment: Environment) -> tuple[float, float]:
+    """(start, end) of this sender's open-loop schedule."""
+    spec = sender(environment).spec
+    start = time.time()
+    end = float("inf") if isinstance(spec.load, OfflineLoad) else start + spec.warmup_s + spec.duration_s
+    return start, end
+
+
+@events.init.add_listener
+def on_init(environment: Environment, runner, web_ui=None, **_kwargs) -> None:
+    if isinstance(runner, WorkerRunner):
+        runner.register_message("batchscope_stop", lambda msg, **_kw: _stop_worker(environment), concurrent=True)
+        environment.events.report_to_master.add_listener(
+            lambda data, **_kw: _attach_report(environment, data))
+        return
+    options = environment.parsed_options
+    try:
+        spec = load_spec(options.spec, options.spec_set)
+    except SpecError as exc:
+        log.error("%s", exc)
+        environment.process_exit_code = 2
+        runner.quit()
+        return
+    options.batchscope_spec = spec.model_dump_json()  # custom options travel to workers with each spawn
+    environment.batchscope_control = _new_control(environment)
+    if isinstance(runner, MasterRunner):
+        runner.register_message("batchscope_final", lambda msg, **_kw: _merge(environment, msg.node_id, msg.data),
+                                concurrent=True)
+        environment.events.worker_report.add_listener(
+            lambda client_id, data, **_kw: _merge(environment, client_id, data.get("batchscope")))
+    if options.metrics_port:
+        _serve_metrics(environment, options.metrics_host, options.metrics_port)
+    if web_ui is not None:
+        from loadgen import webui
+
+        webui.install(web_ui, lambda: control(environment))
+
+
+def _serve_metrics(environment: Environment, host: str, port: int) -> None:
+    registry = CollectorRegistry()
+    ctl = control(environment)
+    registry.register(ClientMetricsCollector(
+        ctl.stats, in_flight=lambda: ctl.in_flight, run_id=ctl.run_id, scenario=ctl.spec.scenario,
+        spec_labels=lambda: workload_labels(ctl.spec), refresh=ctl.refresh))
+    start_http_server(port, addr=host, registry=registry)
+    log.info("client metrics on http://%s:%d/metrics", host, port)
+
+
+def workload_labels(spec: WorkloadSpec) -> dict[str, str]:
+    load = spec.load
+    level = {"concurrency": "concurrency", "poisson": "rate", "offline": "requests"}[load.mode]
+    return {"mode": load.mode, "endpoint": spec.endpoint, "input_tokens": str(spec.input_tokens),
+            "output_tokens": str(spec.output_tokens), "stream": str(spec.stream).lower(),
+            "load_level": str(getattr(load, level))}
+
+
+def _stop_worker(environment: Environment) -> None:
+    run = getattr(environment, "batchscope_run", None)
+    if run is None:
+        return
+    run.stop_now()
+    environment.runner.send_message("batchscope_final", run.report(final=True))
+
+
+def _attach_report(environment: Environment, data: dict) -> None:
+    """Worker side of report_to_master: add this worker's delta to Locust's periodic report."""
+    run = getattr(environment, "batchscope_run", None)
+    if run is not None:
+        data["batchscope"] = run.report()
+
+
+def _merge(environment: Environment, sender_id: str, report: dict) -> None:
+    ctl = control(environment)
+    if ctl is not None and report:
+        ctl.merge_report(sender_id, report)
+
+
+@events.quitting.add_listener
+def on_quitting(environment: Environment, **_kwargs) -> None:
+    ctl = control(environment)
+    if ctl is None or isinstance(environment.runner, WorkerRunner):
+        return
+    summary = ctl.close()
+    if summary is None:
+        return
+    print_summary(summary)
+    if not summary.balanced:
+        log.error("started %d requests but %d ended in an outcome", summary.started, sum(summary.outcomes.values()))
+        environment.process_exit_code = 3
+    elif environment.process_exit_code is None or environment.process_exit_code == 1:
+        environment.process_exit_code = 0  # failed requests are outcomes in the summary, not a crash

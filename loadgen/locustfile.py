@@ -1,0 +1,56 @@
+"""Locust entry point: fixed streaming load against a vLLM-compatible server, as the workload spec says.
+
+    locust -f loadgen/locustfile.py --spec spec.yaml --host http://127.0.0.1:8000      # web UI, LLM tab
+    batchscope load --spec spec.yaml --workers 2 --out out/                             # headless
+
+The users only say *what* runs; timing, metrics, records and the end of the run live in loadgen/listeners.py.
+"""
+
+import time
+
+import gevent
+from locust import LoadTestShape, User, constant, task
+
+from loadgen import listeners
+from loadgen.run import RequestAborted, new_session
+
+
+class StreamingUser(User):
+    """Closed loop (load mode `concurrency`): one request in flight per user, no think time."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        self.session = new_session(1)
+
+    @task
+    def generate(self) -> None:
+        run = listeners.sender(self.environment)
+        try:
+            if run.accepting:
+                run.run_one(self.session, time.time())
+            else:
+                gevent.sleep(0.1)  # the run is ending: idle until Locust stops the user
+        except RequestAborted:
+            pass  # the end-of-run abort landed between requests: nothing was in flight
+
+
+class ArrivalDispatcher(User):
+    """Open loop (load modes `poisson`, `offline`): one per worker, releasing arrivals on schedule."""
+
+    wait_time = constant(0)
+
+    @task
+    def dispatch(self) -> None:
+        run = listeners.sender(self.environment)
+        if run.accepting:
+            run.dispatch(*listeners.dispatch_window(self.environment))
+        run.accepting = False  # one schedule per run
+        gevent.sleep(0.1)
+
+
+class SpecShape(LoadTestShape):
+    """Users as the spec's load mode needs them, until the run is over and reported."""
+
+    def tick(self):
+        return listeners.tick(self.runner.environment, StreamingUser, ArrivalDispatcher)

@@ -1,0 +1,143 @@
+"""Client-side metrics: mergeable accumulators (workers send deltas, the master adds them) and their collector.
+
+Histogram boundaries are vLLM's for the same quantity plus finer low-latency ones, so the client and server
+views can be compared quantile for quantile. Names: ``batchscope_client_<what>_<unit>``; labels ``run_id`` and
+``scenario`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from batchscope.histogram import Histogram, merged_bounds
+from batchscope.vllm_buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from loadgen.request import OUTCOMES, RequestRecord
+
+FINE_LATENCY = (0.0025, 0.0075, 0.015, 0.03, 0.05, 0.15, 0.2, 0.3, 0.4)
+FINE_TOKEN_GAP = (0.001, 0.0025, 0.005, 0.0075, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08)
+FINE_E2E = (0.05, 0.1, 0.2, 0.4, 0.6, 0.7, 0.9, 1.25, 3.0, 4.0, 7.5)
+DISPATCH_LAG = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+HISTOGRAMS = {
+    # attribute: (metric name, HELP, bounds)
+    "ttft": ("batchscope_client_time_to_first_token_seconds",
+             "Client TTFT: first streamed token chunk minus the scheduled send time (vllm bench serve's TTFT; "
+             "open-loop modes count from the scheduled arrival), seconds.",
+             merged_bounds(TTFT_BUCKETS, FINE_LATENCY)),
+    "tpot": ("batchscope_client_time_per_output_token_seconds",
+             "Client TPOT per request: (E2E - TTFT) / (output tokens - 1), as vllm bench serve, seconds.",
+             merged_bounds(ITL_BUCKETS, FINE_TOKEN_GAP)),
+    "itl": ("batchscope_client_inter_token_latency_seconds",
+            "Client ITL: every gap between consecutive token chunks, as vllm bench serve, seconds.",
+            merged_bounds(ITL_BUCKETS, FINE_TOKEN_GAP)),
+    "e2e": ("batchscope_client_e2e_request_latency_seconds",
+            "Client E2E: last token chunk minus the scheduled send time, seconds.",
+            merged_bounds(REQUEST_LATENCY_BUCKETS, FINE_E2E)),
+    "dispatch_lag": ("batchscope_client_dispatch_lag_seconds",
+                     "Actual minus scheduled send time of each request: the load generator's own delay, seconds.",
+                     DISPATCH_LAG),
+}
+
+
+class ClientStats:
+    """Counts for one process (or, on the master, the sum over workers)."""
+
+    def __init__(self) -> None:
+        self.histograms = {name: Histogram(bounds) for name, (_, _, bounds) in HISTOGRAMS.items()}
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.started = 0
+        self.refused = 0
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+
+    def observe(self, record: RequestRecord) -> None:
+        """Account one finished request."""
+        self.outcomes[record.outcome] += 1
+        self.prompt_tokens += record.prompt_tokens or 0
+        self.output_tokens += record.output_tokens or 0
+        if record.dispatch_lag_s is not None:
+            self.histograms["dispatch_lag"].observe(record.dispatch_lag_s)
+        if record.outcome != "ok":
+            return
+        for name in ("ttft", "tpot", "e2e"):
+            value = getattr(record, f"{name}_s")
+            if value is not None:
+                self.histograms[name].observe(value)
+        itl = self.histograms["itl"]
+        for gap in record.itl_s:
+            itl.observe(gap)
+
+    def to_delta(self) -> dict:
+        """Everything counted so far, as plain data; the caller resets with a fresh ClientStats."""
+        return {
+            "histograms": {n: (h.counts.tolist(), h.sum) for n, h in self.histograms.items()},
+            "outcomes": dict(self.outcomes), "started": self.started, "refused": self.refused,
+            "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+        }
+
+    def merge(self, delta: dict) -> None:
+        """Add a worker's delta."""
+        for name, (counts, total) in delta["histograms"].items():
+            self.histograms[name].merge(counts, total)
+        for outcome, count in delta["outcomes"].items():
+            self.outcomes[outcome] += count
+        self.started += delta["started"]
+        self.refused += delta["refused"]
+        self.prompt_tokens += delta["prompt_tokens"]
+        self.output_tokens += delta["output_tokens"]
+
+    @property
+    def finished(self) -> int:
+        return sum(self.outcomes.values())
+
+
+class ClientMetricsCollector(Collector):
+    """Exposes a ClientStats at scrape time; ``refresh``, ``in_flight`` and ``spec_labels`` are callables."""
+
+    def __init__(self, stats: ClientStats, in_flight, run_id: str, scenario: str, spec_labels, refresh) -> None:
+        self._refresh = refresh
+        self._stats = stats
+        self._in_flight = in_flight
+        self._labels = [run_id, scenario]
+        self._spec_labels = spec_labels
+
+    def collect(self) -> Iterator[Metric]:
+        self._refresh()
+        stats, labels, names = self._stats, self._labels, ["run_id", "scenario"]
+        for attribute, (name, help_text, _) in HISTOGRAMS.items():
+            family = HistogramMetricFamily(name, help_text, labels=names)
+            histogram = stats.histograms[attribute]
+            family.add_metric(labels, histogram.cumulative(), sum_value=histogram.sum)
+            yield family
+        outcomes = CounterMetricFamily("batchscope_client_requests",
+                                       "Finished requests by outcome (ok, http_error, timeout, connection_error, "
+                                       "truncated, length_mismatch, aborted).", labels=[*names, "outcome"])
+        for outcome, count in stats.outcomes.items():
+            outcomes.add_metric([*labels, outcome], count)
+        yield outcomes
+        yield _counter("batchscope_client_requests_started", "Requests started (sent or about to be sent).",
+                       names, labels, stats.started)
+        yield _counter("batchscope_client_arrivals_refused", "Open-loop arrivals refused at the in-flight cap.",
+                       names, labels, stats.refused)
+        yield _counter("batchscope_client_prompt_tokens", "Prompt tokens of finished requests, from usage.",
+                       names, labels, stats.prompt_tokens)
+        yield _counter("batchscope_client_output_tokens", "Output tokens of finished requests, from usage.",
+                       names, labels, stats.output_tokens)
+        in_flight = GaugeMetricFamily("batchscope_client_requests_in_flight", "Requests in flight now.",
+                                      labels=names)
+        in_flight.add_metric(labels, self._in_flight())
+        yield in_flight
+        spec = self._spec_labels()
+        info = GaugeMetricFamily("batchscope_client_workload_info", "The workload spec in force (value 1).",
+                                 labels=[*names, *spec])
+        info.add_metric([*labels, *spec.values()], 1)
+        yield info
+
+
+def _counter(name: str, help_text: str, names: list[str], labels: list[str], value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help_text, labels=names)
+    family.add_metric(labels, value)
+    return family

@@ -1,0 +1,203 @@
+"""One measured request: exact client-side TTFT, ITL gaps, TPOT and E2E, and exactly one outcome.
+
+Definitions are `vllm bench serve`'s (peers.md §2): TTFT = first token chunk - send; each later token chunk
+adds one ITL gap (now - previous chunk); E2E = last token chunk - send; TPOT = (E2E - TTFT) / (n - 1) with n =
+usage.completion_tokens. In open-loop modes "send" is the *scheduled* arrival, so a lagging generator shows up
+as latency (no coordinated omission); the dispatch lag (actual - scheduled send) is recorded separately.
+
+Uses a plain ``requests.Session`` and reads chunks as they arrive (Locust's own timing would stop at the
+response headers). No Locust import here, so it is testable on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import requests
+from urllib3.exceptions import ReadTimeoutError
+
+RECORD_SCHEMA_VERSION = 1
+OUTCOMES = ("ok", "http_error", "timeout", "connection_error", "truncated", "length_mismatch", "aborted")
+
+
+@dataclass
+class RequestRecord:
+    """One finished request (a line of records.jsonl). Times are Unix seconds; durations are seconds."""
+
+    request_id: str
+    worker: int
+    scheduled_s: float
+    sent_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    end_s: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    outcome: str = "aborted"
+    status: int | None = None
+    error: str | None = None
+    schema_version: int = RECORD_SCHEMA_VERSION
+
+    @property
+    def dispatch_lag_s(self) -> float | None:
+        return None if self.sent_s is None else self.sent_s - self.scheduled_s
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and what to send: the URL, headers, body, and the lengths the reply must have."""
+
+    url: str
+    headers: dict[str, str]
+    body: dict
+    chat: bool
+    stream: bool
+    prompt_tokens: int
+    output_tokens: int
+    timeout_s: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Target:
+        return cls(**json.loads(text))
+
+
+class _Stream:
+    """Per-request SSE bookkeeping: token chunk times, usage, [DONE]."""
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.first: float | None = None
+        self.last: float | None = None
+        self.gaps: list[float] = []
+        self.usage: dict | None = None
+        self.done = False
+        self.error: str | None = None
+
+    def feed_event(self, event: bytes, now: float) -> None:
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                continue
+            data = json.loads(payload)
+            if "error" in data:
+                self.error = str(data["error"])[:200]
+            if data.get("usage"):
+                self.usage = data["usage"]
+            choices = data.get("choices")
+            if choices and self._has_token(choices[0]):
+                if self.first is None:
+                    self.first = now
+                else:
+                    self.gaps.append(now - self.last)
+                self.last = now
+
+    def _has_token(self, choice: dict) -> bool:
+        # a chat stream opens with a role-only chunk (content ""), which carries no token
+        text = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
+        return bool(text)
+
+
+def measure(session: requests.Session, target: Target, record: RequestRecord) -> RequestRecord:
+    """Send one request and fill ``record``; any ordinary failure becomes an outcome, never an exception.
+
+    BaseExceptions (the greenlet being killed at the end of a run) propagate; the caller records those as
+    aborted, so the record is left at outcome 'aborted' until this function decides otherwise.
+    """
+    record.sent_s = time.time()
+    deadline = record.sent_s + target.timeout_s
+    response = None
+    try:
+        response = session.post(target.url, json=target.body, headers=target.headers, stream=True,
+                                timeout=(min(10.0, target.timeout_s), target.timeout_s))
+        record.status = response.status_code
+        if response.status_code != 200:
+            return _finish(record, "http_error", error=response.text[:200])
+        if target.stream:
+            return _read_stream(response, target, record, deadline)
+        return _read_body(response, target, record)
+    except requests.Timeout:
+        return _finish(record, "timeout", error="timed out")
+    except requests.exceptions.ChunkedEncodingError as exc:
+        return _finish(record, "truncated", error=_short(exc))
+    except requests.ConnectionError as exc:
+        if exc.args and isinstance(exc.args[0], ReadTimeoutError):
+            return _finish(record, "timeout", error="read timed out")
+        return _finish(record, "truncated" if record.status else "connection_error", error=_short(exc))
+    except (ValueError, KeyError, TypeError) as exc:  # unparseable body or event
+        return _finish(record, "truncated", error=f"bad response: {_short(exc)}")
+    finally:
+        if response is not None:
+            response.close()
+
+
+def _read_stream(response: requests.Response, target: Target, record: RequestRecord, deadline: float):
+    stream = _Stream(target.chat)
+    buffer = b""
+    for chunk in response.iter_content(chunk_size=None):
+        now = time.time()
+        buffer += chunk
+        *events, buffer = buffer.split(b"\n\n")
+        for event in events:
+            stream.feed_event(event, now)
+        if now > deadline:
+            _fill_timing(record, stream.first, stream.last, stream.gaps)
+            return _finish(record, "timeout", error=f"no end within timeout_s={target.timeout_s}")
+    _fill_timing(record, stream.first, stream.last, stream.gaps)
+    if stream.error:
+        return _finish(record, "truncated", error=stream.error)
+    if not stream.done or stream.usage is None or stream.first is None:
+        missing = "[DONE]" if not stream.done else "usage" if stream.usage is None else "tokens"
+        return _finish(record, "truncated", error=f"stream ended without {missing}")
+    return _check_usage(record, target, stream.usage)
+
+
+def _read_body(response: requests.Response, target: Target, record: RequestRecord) -> RequestRecord:
+    body = response.json()
+    now = time.time()
+    _fill_timing(record, now, now, [])
+    return _check_usage(record, target, body["usage"])
+
+
+def _fill_timing(record: RequestRecord, first: float | None, last: float | None, gaps: list[float]) -> None:
+    record.first_token_s, record.last_token_s, record.itl_s = first, last, gaps
+    if first is not None:
+        record.ttft_s = first - record.scheduled_s
+        record.e2e_s = last - record.scheduled_s
+
+
+def _check_usage(record: RequestRecord, target: Target, usage: dict) -> RequestRecord:
+    record.prompt_tokens = usage.get("prompt_tokens")
+    record.output_tokens = usage.get("completion_tokens")
+    if record.output_tokens and record.output_tokens > 1 and record.first_token_s is not None:
+        record.tpot_s = (record.last_token_s - record.first_token_s) / (record.output_tokens - 1)
+    if (record.prompt_tokens, record.output_tokens) != (target.prompt_tokens, target.output_tokens):
+        return _finish(record, "length_mismatch", error=(
+            f"usage prompt={record.prompt_tokens} output={record.output_tokens}, "
+            f"spec prompt={target.prompt_tokens} output={target.output_tokens}"))
+    return _finish(record, "ok")
+
+
+def _finish(record: RequestRecord, outcome: str, error: str | None = None) -> RequestRecord:
+    record.outcome = outcome
+    record.error = error
+    record.end_s = time.time()
+    return record
+
+
+def _short(exc: BaseException) -> str:
+    return f"{exc.__class__.__name__}: {exc}"[:200]

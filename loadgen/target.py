@@ -1,0 +1,86 @@
+"""Turn a workload spec into the exact request to send: resolve the model, build a prompt of exactly
+``input_tokens`` tokens, and set ``max_tokens`` + ``ignore_eos`` so the output is exactly ``output_tokens``.
+
+Completions get a list of token ids (exact by construction). Chat gets text calibrated through the server's
+/tokenize (its own tokenizer and chat template), by bisection on the number of words.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import requests
+
+from loadgen.request import Target
+from loadgen.spec import SpecError, WorkloadSpec
+
+_WORDS = ("time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school",
+          "state", "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week")
+MAX_CALIBRATION_CALLS = 40
+
+
+def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None = None) -> Target:
+    """Resolve everything that needs the server once, before the load starts."""
+    session = session or requests.Session()
+    base = host.rstrip("/")
+    headers = {"Content-Type": "application/json"}
+    if key := spec.resolved_api_key():
+        headers["Authorization"] = f"Bearer {key}"
+    model = resolve_model(spec, base, session, headers)
+    rng = np.random.default_rng(spec.seed)
+    body: dict = {"model": model, "stream": spec.stream, "ignore_eos": True}
+    if spec.stream:
+        body["stream_options"] = {"include_usage": True}
+    if spec.endpoint == "chat":
+        body["messages"] = chat_messages(spec.input_tokens, rng, lambda m: _count_chat(base, session, headers, m))
+        body["max_completion_tokens"] = spec.output_tokens
+        path = "/v1/chat/completions"
+    else:
+        # ids from a common range of every tokenizer's vocabulary, no special tokens
+        body["prompt"] = rng.integers(1000, 30000, size=spec.input_tokens).tolist()
+        body["max_tokens"] = spec.output_tokens
+        path = "/v1/completions"
+    return Target(url=base + path, headers=headers, body=body, chat=spec.endpoint == "chat", stream=spec.stream,
+                  prompt_tokens=spec.input_tokens, output_tokens=spec.output_tokens, timeout_s=spec.timeout_s)
+
+
+def resolve_model(spec: WorkloadSpec, base: str, session: requests.Session, headers: dict) -> str:
+    if spec.model != "auto":
+        return spec.model
+    try:
+        reply = session.get(base + "/v1/models", headers=headers, timeout=10)
+        reply.raise_for_status()
+        return reply.json()["data"][0]["id"]
+    except (requests.RequestException, KeyError, IndexError, ValueError) as exc:
+        raise SpecError(f"model: 'auto' could not read {base}/v1/models ({exc.__class__.__name__})") from None
+
+
+def chat_messages(target: int, rng: np.random.Generator, count) -> list[dict]:
+    """One user message whose templated prompt is exactly ``target`` tokens, per ``count(messages)``."""
+    words = [str(w) for w in rng.choice(_WORDS, size=target)]
+
+    def messages(n: int) -> list[dict]:
+        return [{"role": "user", "content": " ".join(words[:n])}]
+
+    low, high = 0, target  # invariant: count(low) <= target (the template alone must fit)
+    if count(messages(0)) > target:
+        raise SpecError(f"input_tokens: {target} is shorter than the chat template alone")
+    calls = 1
+    while low < high and calls < MAX_CALIBRATION_CALLS:
+        middle = (low + high + 1) // 2
+        calls += 1
+        if count(messages(middle)) <= target:
+            low = middle
+        else:
+            high = middle - 1
+    got = count(messages(low))
+    if got != target:
+        raise SpecError(f"input_tokens: this server's tokenizer cannot make a chat prompt of exactly {target} "
+                        f"tokens from whole words (closest {got}); use endpoint: completions")
+    return messages(low)
+
+
+def _count_chat(base: str, session: requests.Session, headers: dict, messages: list[dict]) -> int:
+    reply = session.post(base + "/tokenize", json={"messages": messages}, headers=headers, timeout=10)
+    if reply.status_code != 200:
+        raise SpecError(f"endpoint: chat needs the server's /tokenize, which answered HTTP {reply.status_code}")
+    return int(reply.json()["count"])
