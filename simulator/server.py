@@ -255,8 +255,10 @@ class SimulatorServer:
 
     async def _generate(self, request: web.Request, arrival: float, gen: GenerationRequest) -> web.StreamResponse:
         config = self.config
+        timing = _Timing(arrival, request.headers.get("X-Request-Id"))
         if self._faults.random() < config.fault_error_rate:
-            self._log_truth(arrival, gen, outcome="injected_error")
+            timing.outcome = "injected_error"
+            self._log_truth(gen, timing)
             raise ApiError(500, "Injected fault: internal server error.", "InternalServerError")
         cut = gen.stream and self._faults.random() < config.fault_cut_rate
         if self._faults.random() < config.fault_stall_rate:
@@ -264,7 +266,6 @@ class SimulatorServer:
         request_id = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex
         seed = next(self._request_seeds)
         stream = self.realtime.submit(len(gen.prompt_ids), gen.max_tokens, gen.ignore_eos, gen.min_tokens)
-        timing = _Timing(arrival)
         try:
             if gen.stream:
                 return await self._stream(request, gen, stream, request_id, seed, cut, timing)
@@ -273,7 +274,7 @@ class SimulatorServer:
             if not stream.finished:
                 self.realtime.abort(stream)
                 timing.outcome = "cut" if timing.outcome == "cut" else "aborted"
-            self._log_truth(arrival, gen, timing.outcome, timing, stream.produced, stream.finish_reason)
+            self._log_truth(gen, timing, stream.produced, stream.finish_reason)
 
     async def _stream(self, request, gen, stream: RequestStream, request_id, seed, cut, timing) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -324,19 +325,20 @@ class SimulatorServer:
             body = {**common, "object": "text_completion", "choices": [choice], "usage": usage}
         return _json_response(body)
 
-    def _log_truth(self, arrival, gen, outcome, timing=None, output_tokens=0, finish_reason=None) -> None:
+    def _log_truth(self, gen, timing: _Timing, output_tokens: int = 0, finish_reason: str | None = None) -> None:
         if self._ground_truth is None:
             return
         record = {
-            "arrival_s": arrival,
-            "first_token_s": timing.first if timing else None,
-            "last_token_s": timing.last if timing else None,
+            "request_id": timing.request_id,
+            "arrival_s": timing.arrival,
+            "first_token_s": timing.first,
+            "last_token_s": timing.last,
             "endpoint": "chat" if gen.chat else "completions",
             "stream": gen.stream,
             "prompt_tokens": len(gen.prompt_ids),
             "output_tokens": output_tokens,
             "finish_reason": finish_reason,
-            "outcome": outcome,
+            "outcome": timing.outcome,
         }
         self._ground_truth.write(json.dumps(record) + "\n")
 
@@ -344,10 +346,11 @@ class SimulatorServer:
 class _Timing:
     """Wall-clock truth of one request as the server wrote it."""
 
-    __slots__ = ("arrival", "first", "last", "outcome")
+    __slots__ = ("arrival", "request_id", "first", "last", "outcome")
 
-    def __init__(self, arrival: float) -> None:
+    def __init__(self, arrival: float, request_id: str | None) -> None:
         self.arrival = arrival
+        self.request_id = request_id  # the client's X-Request-Id, to match records
         self.first: float | None = None
         self.last: float | None = None
         self.outcome = "ok"

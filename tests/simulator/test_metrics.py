@@ -7,9 +7,9 @@ import requests
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchscope.vllm_buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, build_1_2_5_buckets
 from simulator.config import Deployment, ServeConfig
 from simulator.metrics import VllmMetricsCollector
-from simulator.stats import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, build_1_2_5_buckets
 from simulator.virtual import RequestSpec, run_virtual
 
 LABELS = {"model_name": "m", "engine": "0"}
