@@ -81,7 +81,7 @@ class RunControl:
         """A sender's delta: its new records and its cumulative counters."""
         state = self.senders.setdefault(sender, SenderState())
         for data in report["records"]:
-            self.accept(RequestRecord(**data))
+            self.accept(RequestRecord(**data) if isinstance(data, dict) else data)
         state.started, state.refused, state.in_flight = report["started"], report["refused"], report["in_flight"]
         state.final = state.final or report.get("final", False)
         self.stats.started = sum(s.started for s in self.senders.values())

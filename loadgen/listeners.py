@@ -13,10 +13,11 @@ import logging
 import time
 from pathlib import Path
 
+import gevent
 from locust import events
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
 from loadgen.control import RunControl
 from loadgen.metrics import ClientMetricsCollector
@@ -109,7 +110,7 @@ def _new_control(environment: Environment) -> RunControl:
         def pull(final: bool = False) -> None:
             run = getattr(environment, "batchscope_run", None)  # none before the first user starts
             if run is not None:
-                ctl.merge_report("local", run.report(final=final))
+                ctl.merge_report("local", run.report(final=final, as_dicts=False))
 
         count = lambda: 1  # noqa: E731
     ctl = RunControl(spec=spec, run_id=options.run_id or time.strftime("%Y%m%dT%H%M%S"),
@@ -173,22 +174,22 @@ def on_init(environment: Environment, runner, web_ui=None, **_kwargs) -> None:
                                 concurrent=True)
         environment.events.worker_report.add_listener(
             lambda client_id, data, **_kw: _merge(environment, client_id, data.get("batchscope")))
+    environment.batchscope_registry = _client_registry(control(environment))
     if options.metrics_port:
-        _serve_metrics(environment, options.metrics_host, options.metrics_port)
+        start_http_server(options.metrics_port, addr=options.metrics_host, registry=environment.batchscope_registry)
+        log.info("client metrics on http://%s:%d/metrics", options.metrics_host, options.metrics_port)
     if web_ui is not None:
         from loadgen import webui
 
         webui.install(web_ui, lambda: control(environment))
 
 
-def _serve_metrics(environment: Environment, host: str, port: int) -> None:
+def _client_registry(ctl: RunControl) -> CollectorRegistry:
     registry = CollectorRegistry()
-    ctl = control(environment)
     registry.register(ClientMetricsCollector(
         ctl.stats, in_flight=lambda: ctl.in_flight, run_id=ctl.run_id, scenario=ctl.spec.scenario,
         spec_labels=lambda: workload_labels(ctl.spec), refresh=ctl.refresh))
-    start_http_server(port, addr=host, registry=registry)
-    log.info("client metrics on http://%s:%d/metrics", host, port)
+    return registry
 
 
 def workload_labels(spec: WorkloadSpec) -> dict[str, str]:
@@ -205,6 +206,16 @@ def _stop_worker(environment: Environment) -> None:
         return
     run.stop_now()
     environment.runner.send_message("batchscope_final", run.report(final=True))
+
+
+def _finish_stop(ctl: RunControl) -> None:
+    """Quitting early (Ctrl-C, SIGTERM, the UI's stop): abort what is in flight and collect it first."""
+    if ctl.start_s is None:
+        return
+    if not ctl.stopping:
+        ctl.begin_stop()
+    while not ctl.stopped():  # bounded: stopped() turns true at the final-report deadline
+        gevent.sleep(0.05)
 
 
 def _attach_report(environment: Environment, data: dict) -> None:
@@ -225,9 +236,12 @@ def on_quitting(environment: Environment, **_kwargs) -> None:
     ctl = control(environment)
     if ctl is None or isinstance(environment.runner, WorkerRunner):
         return
+    _finish_stop(ctl)
     summary = ctl.close()
     if summary is None:
         return
+    if ctl.out_dir is not None:  # the merged client metrics as they stood at the end, for after-the-fact use
+        (ctl.out_dir / "metrics.prom").write_bytes(generate_latest(environment.batchscope_registry))
     print_summary(summary)
     if not summary.balanced:
         log.error("started %d requests but %d ended in an outcome", summary.started, sum(summary.outcomes.values()))

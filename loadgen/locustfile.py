@@ -12,7 +12,6 @@ import gevent
 from locust import LoadTestShape, User, constant, task
 
 from loadgen import listeners
-from loadgen.run import RequestAborted, new_session
 
 
 class StreamingUser(User):
@@ -20,19 +19,16 @@ class StreamingUser(User):
 
     wait_time = constant(0)
 
-    def on_start(self) -> None:
-        self.session = new_session(1)
+    connections = None
 
     @task
     def generate(self) -> None:
         run = listeners.sender(self.environment)
-        try:
-            if run.accepting:
-                run.run_one(self.session, time.time())
-            else:
-                gevent.sleep(0.1)  # the run is ending: idle until Locust stops the user
-        except RequestAborted:
-            pass  # the end-of-run abort landed between requests: nothing was in flight
+        self.connections = self.connections or run.connection_pool()
+        if run.accepting:
+            run.run_one(self.connections, time.time())
+        else:
+            gevent.sleep(0.1)  # the run is ending: idle until Locust stops the user
 
 
 class ArrivalDispatcher(User):

@@ -5,18 +5,20 @@ adds one ITL gap (now - previous chunk); E2E = last token chunk - send; TPOT = (
 usage.completion_tokens. In open-loop modes "send" is the *scheduled* arrival, so a lagging generator shows up
 as latency (no coordinated omission); the dispatch lag (actual - scheduled send) is recorded separately.
 
-Uses a plain ``requests.Session`` and reads chunks as they arrive (Locust's own timing would stop at the
-response headers). No Locust import here, so it is testable on its own.
+Uses loadgen.http (sent_s is taken just before the request is written; chunks are timed as they arrive; Locust's
+own timing would stop at the response headers). No Locust import here, so it is testable on its own.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
-import requests
-from urllib3.exceptions import ReadTimeoutError
+from loadgen import http
+from loadgen.http import Connection
 
 RECORD_SCHEMA_VERSION = 1
 OUTCOMES = ("ok", "http_error", "timeout", "connection_error", "truncated", "length_mismatch", "aborted")
@@ -48,8 +50,12 @@ class RequestRecord:
     def dispatch_lag_s(self) -> float | None:
         return None if self.sent_s is None else self.sent_s - self.scheduled_s
 
+    def to_dict(self) -> dict:
+        # shallow on purpose: a finished record is never modified, and asdict's deep copy is slow
+        return dict(self.__dict__)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return json.dumps(self.__dict__, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,14 @@ class Target:
     @classmethod
     def from_json(cls, text: str) -> Target:
         return cls(**json.loads(text))
+
+    @cached_property
+    def encoded_body(self) -> bytes:
+        return json.dumps(self.body, separators=(",", ":")).encode()
+
+    @cached_property
+    def endpoint(self) -> http.Endpoint:
+        return http.Endpoint(self.url)
 
 
 class _Stream:
@@ -112,52 +126,59 @@ class _Stream:
         return bool(text)
 
 
-def measure(session: requests.Session, target: Target, record: RequestRecord) -> RequestRecord:
-    """Send one request and fill ``record``; any ordinary failure becomes an outcome, never an exception.
-
-    BaseExceptions (the greenlet being killed at the end of a run) propagate; the caller records those as
-    aborted, so the record is left at outcome 'aborted' until this function decides otherwise.
-    """
-    record.sent_s = time.time()
-    deadline = record.sent_s + target.timeout_s
-    response = None
+def measure(connection: Connection, target: Target, record: RequestRecord, extra_headers: dict[str, str]
+            ) -> RequestRecord:
+    """Send one request on ``connection`` and fill ``record``; every failure becomes an outcome, never an
+    exception (BaseExceptions such as a killed greenlet propagate, leaving outcome 'aborted')."""
     try:
-        response = session.post(target.url, json=target.body, headers=target.headers, stream=True,
-                                timeout=(min(10.0, target.timeout_s), target.timeout_s))
-        record.status = response.status_code
-        if response.status_code != 200:
-            return _finish(record, "http_error", error=response.text[:200])
-        if target.stream:
-            return _read_stream(response, target, record, deadline)
-        return _read_body(response, target, record)
-    except requests.Timeout:
-        return _finish(record, "timeout", error="timed out")
-    except requests.exceptions.ChunkedEncodingError as exc:
-        return _finish(record, "truncated", error=_short(exc))
-    except requests.ConnectionError as exc:
-        if exc.args and isinstance(exc.args[0], ReadTimeoutError):
-            return _finish(record, "timeout", error="read timed out")
-        return _finish(record, "truncated" if record.status else "connection_error", error=_short(exc))
+        return _exchange(connection, target, record, extra_headers)
+    except http.ConnectFailed as exc:
+        return _finish(record, "connection_error", error=str(exc))
+    except http.Timeout as exc:
+        return _finish(record, "timeout", error=str(exc))
+    except http.StreamBroken as exc:
+        return _finish(record, "truncated" if record.status else "connection_error", error=str(exc))
     except (ValueError, KeyError, TypeError) as exc:  # unparseable body or event
-        return _finish(record, "truncated", error=f"bad response: {_short(exc)}")
-    finally:
-        if response is not None:
-            response.close()
+        return _finish(record, "truncated", error=f"bad response: {exc.__class__.__name__}: {exc}"[:200])
 
 
-def _read_stream(response: requests.Response, target: Target, record: RequestRecord, deadline: float):
+def _exchange(connection: Connection, target: Target, record: RequestRecord, extra_headers: dict) -> RequestRecord:
+    request = http.encode_request(target.endpoint, target.encoded_body, {**target.headers, **extra_headers})
+    reused = connection.is_open
+    try:
+        record.sent_s = connection.send(request)
+        connection.deadline = record.sent_s + target.timeout_s
+        status, headers = connection.read_head()
+    except http.StreamBroken:
+        if not reused:
+            raise
+        # a kept-alive connection the server had already closed: nothing was processed, send again once
+        connection.close()
+        record.sent_s = connection.send(request)
+        connection.deadline = record.sent_s + target.timeout_s
+        status, headers = connection.read_head()
+    record.status = status
+    chunks = connection.body(headers)
+    if status != 200:
+        return _finish(record, "http_error", error=b"".join(chunks).decode("utf-8", "replace")[:200])
+    if target.stream:
+        return _read_stream(chunks, target, record)
+    return _read_body(b"".join(chunks), target, record)
+
+
+def _read_stream(chunks: Iterator[bytes], target: Target, record: RequestRecord) -> RequestRecord:
     stream = _Stream(target.chat)
     buffer = b""
-    for chunk in response.iter_content(chunk_size=None):
-        now = time.time()
-        buffer += chunk
-        *events, buffer = buffer.split(b"\n\n")
-        for event in events:
-            stream.feed_event(event, now)
-        if now > deadline:
-            _fill_timing(record, stream.first, stream.last, stream.gaps)
-            return _finish(record, "timeout", error=f"no end within timeout_s={target.timeout_s}")
-    _fill_timing(record, stream.first, stream.last, stream.gaps)
+    try:  # timings are kept even when the stream breaks, times out or is aborted
+        for chunk in chunks:
+            now = time.time()
+            buffer += chunk
+            if b"\n\n" in buffer:
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    stream.feed_event(event, now)
+    finally:
+        _fill_timing(record, stream.first, stream.last, stream.gaps)
     if stream.error:
         return _finish(record, "truncated", error=stream.error)
     if not stream.done or stream.usage is None or stream.first is None:
@@ -166,11 +187,11 @@ def _read_stream(response: requests.Response, target: Target, record: RequestRec
     return _check_usage(record, target, stream.usage)
 
 
-def _read_body(response: requests.Response, target: Target, record: RequestRecord) -> RequestRecord:
-    body = response.json()
+def _read_body(body: bytes, target: Target, record: RequestRecord) -> RequestRecord:
+    data = json.loads(body)
     now = time.time()
     _fill_timing(record, now, now, [])
-    return _check_usage(record, target, body["usage"])
+    return _check_usage(record, target, data["usage"])
 
 
 def _fill_timing(record: RequestRecord, first: float | None, last: float | None, gaps: list[float]) -> None:
@@ -197,7 +218,3 @@ def _finish(record: RequestRecord, outcome: str, error: str | None = None) -> Re
     record.error = error
     record.end_s = time.time()
     return record
-
-
-def _short(exc: BaseException) -> str:
-    return f"{exc.__class__.__name__}: {exc}"[:200]

@@ -11,29 +11,15 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, replace
 
 import gevent
 import gevent.event
 import gevent.pool
 import numpy as np
-import requests
-from requests.adapters import HTTPAdapter
 
+from loadgen.http import Connection, ConnectionPool
 from loadgen.request import RequestRecord, Target, measure
 from loadgen.spec import OfflineLoad, PoissonLoad, WorkloadSpec
-
-
-class RequestAborted(Exception):
-    """Raised inside in-flight requests when the run ends."""
-
-
-def new_session(pool_size: int) -> requests.Session:
-    session = requests.Session()
-    adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session
 
 
 def arrival_times(spec: WorkloadSpec, start: float, worker_index: int, workers: int) -> Iterator[float]:
@@ -66,7 +52,8 @@ class LoadRun:
         self._outbox: list[RequestRecord] = []
         self._on_record = on_record
         self._sequence = itertools.count()
-        self._active: set[gevent.Greenlet] = set()
+        self._active: dict[str, tuple[RequestRecord, Connection]] = {}
+        self._aborted: set[str] = set()
         self._idle = gevent.event.Event()
         self.accepting = True
         self.started = 0
@@ -76,21 +63,21 @@ class LoadRun:
     def in_flight(self) -> int:
         return len(self._active)
 
-    def run_one(self, session: requests.Session, scheduled_s: float) -> None:
+    def run_one(self, pool: ConnectionPool, scheduled_s: float) -> None:
         """Send one request scheduled at ``scheduled_s`` and deliver its record, whatever happens."""
         record = RequestRecord(request_id=f"w{self.worker_index}-{next(self._sequence)}", worker=self.worker_index,
                                scheduled_s=scheduled_s)
-        me = gevent.getcurrent()
         self.started += 1
-        self._active.add(me)
-        # the id lets a test match this record with the server's ground-truth log
-        target = replace(self.target, headers={**self.target.headers, "X-Request-Id": record.request_id})
+        connection = pool.acquire()
+        self._active[record.request_id] = (record, connection)
         try:
-            measure(session, target, record)
-        except RequestAborted:
-            pass  # the record keeps outcome 'aborted'
+            # the id lets a test match this record with the server's ground-truth log
+            measure(connection, self.target, record, {"X-Request-Id": record.request_id})
         finally:
-            self._active.discard(me)
+            del self._active[record.request_id]
+            pool.release(connection)
+            if record.request_id in self._aborted:
+                record.outcome, record.error = "aborted", "in flight when the run ended"
             self._outbox.append(record)
             self._on_record(record)
             if not self._active:
@@ -101,7 +88,7 @@ class LoadRun:
         load = self.spec.load
         cap = load.max_in_flight if isinstance(load, PoissonLoad) else load.requests
         cap = max(1, -(-cap // self.workers))
-        session = new_session(cap)
+        connections = self.connection_pool()
         pool = gevent.pool.Pool(cap)
         for scheduled in arrival_times(self.spec, start, self.worker_index, self.workers):
             if not self.accepting or scheduled >= end:
@@ -112,14 +99,20 @@ class LoadRun:
             if pool.full():
                 self.refused += 1
                 continue
-            pool.spawn(self.run_one, session, scheduled)
+            pool.spawn(self.run_one, connections, scheduled)
         pool.join()
 
-    def report(self, final: bool = False) -> dict:
-        """The delta for the controller: records finished since the last report, and cumulative counts."""
+    def connection_pool(self) -> ConnectionPool:
+        return ConnectionPool(self.target.endpoint, self.spec.timeout_s)
+
+    def report(self, final: bool = False, as_dicts: bool = True) -> dict:
+        """The delta for the controller: records finished since the last report, and cumulative counts.
+
+        Workers send plain dicts (msgpack); a local runner passes the record objects as they are.
+        """
         records, self._outbox = self._outbox, []
-        return {"records": [asdict(r) for r in records], "started": self.started, "refused": self.refused,
-                "in_flight": self.in_flight, "final": final}
+        return {"records": [r.to_dict() for r in records] if as_dicts else records, "started": self.started,
+                "refused": self.refused, "in_flight": self.in_flight, "final": final}
 
     def stop_now(self, timeout_s: float = 10.0) -> None:
         """Refuse new requests and abort those in flight (each is delivered as 'aborted')."""
@@ -127,7 +120,7 @@ class LoadRun:
         self._idle.clear()
         if not self._active:
             return
-        for greenlet in list(self._active):
-            greenlet.kill(exception=RequestAborted, block=False)
-        # closed-loop users survive the abort (they idle until Locust stops them), so wait for the requests
+        for request_id, (_, connection) in list(self._active.items()):
+            self._aborted.add(request_id)
+            connection.abort()  # its greenlet wakes with an error and delivers the record
         self._idle.wait(timeout=timeout_s)

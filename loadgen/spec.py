@@ -1,7 +1,7 @@
 """The workload spec: what load to send, fixed so every tuning round sends the same thing.
 
 A YAML file (see docs in README) validated by pydantic; ``--set key=value`` flags override fields
-(``--set load.rate=8``). A bad field gives one line naming it and what it allows.
+(``--set load.rate=8``; ``key=null`` removes a field). A bad field gives one line naming it and what it allows.
 """
 
 from __future__ import annotations
@@ -102,7 +102,11 @@ def _apply_override(data: dict, item: str) -> None:
         target = target.setdefault(part, {})
         if not isinstance(target, dict):
             raise SpecError(f"--set: {key}: {part} is not a mapping")
-    target[leaf] = yaml.safe_load(raw)
+    value = yaml.safe_load(raw)
+    if value is None:
+        target.pop(leaf, None)  # key=null removes a field, e.g. when switching load modes
+    else:
+        target[leaf] = value
 
 
 def describe_error(exc: ValidationError) -> str:

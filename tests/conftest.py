@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 READY_LINE = re.compile(r"Starting vLLM API server 0 on (http://127\.0\.0\.1:\d+)")
 
@@ -80,3 +83,38 @@ def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.02, mes
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LoadResult:
+    """What `batchscope load` left behind."""
+
+    returncode: int
+    output: str
+    summary: dict
+    records: list[dict]
+    out_dir: Path
+
+
+def run_load(tmp_path: Path, spec: dict, host: str, *extra: str, workers: int = 0,
+             timeout_s: float = 300) -> LoadResult:
+    """Run `batchscope load` to the end (bounded) and read its summary and records."""
+    spec_path = tmp_path / f"spec-{time.monotonic_ns()}.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    out_dir = tmp_path / f"out-{time.monotonic_ns()}"
+    result = subprocess.run(
+        [sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec_path), "--host", host,
+         "--workers", str(workers), "--out", str(out_dir), "--metrics-port", str(free_port()), *extra],
+        capture_output=True, text=True, timeout=timeout_s,
+    )
+    output = result.stdout + result.stderr
+    summary_path, records_path = out_dir / "summary.json", out_dir / "records.jsonl"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    records = [json.loads(line) for line in records_path.read_text().splitlines()] if records_path.exists() else []
+    return LoadResult(result.returncode, output, summary, records, out_dir)

@@ -1,0 +1,230 @@
+"""A minimal HTTP/1.1 client for streamed responses: one keep-alive connection per in-flight request.
+
+Why not requests: the measurement has to start when the request bytes leave and stop when each chunk arrives.
+``requests.Session.post`` spends about a millisecond preparing a request before the first byte is written, a
+bias as large as the 2 ms budget for TTFT, and urllib3's chunk decoding dominates the CPU per streamed token.
+This client writes the pre-encoded request with one ``sendall`` (``sent_s`` is taken just before it) and hands
+out body bytes as they arrive. Sockets come from the standard library, so gevent (under Locust) makes them
+cooperative. HTTPS is supported through ``ssl``; proxies and redirects are not.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+RECV_SIZE = 65536
+MAX_HEADER_BYTES = 65536
+
+
+class ConnectFailed(OSError):
+    """The server could not be reached (nothing was sent)."""
+
+
+class Timeout(OSError):
+    """No byte arrived within the timeout."""
+
+
+class StreamBroken(OSError):
+    """The connection ended before the response did."""
+
+
+class Endpoint:
+    """A parsed URL: where to connect and what to put in the request line."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url: expected http(s)://host[:port]/path, got {url!r}")
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.tls else 80)
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.host_header = parts.netloc
+
+
+class Response:
+    """Status, headers and an iterator over raw body chunks (de-chunked) as they arrive."""
+
+    def __init__(self, status: int, headers: dict[str, str], chunks: Iterator[bytes]) -> None:
+        self.status = status
+        self.headers = headers
+        self.chunks = chunks
+
+    def read_all(self, limit: int = 1 << 20) -> bytes:
+        body = b""
+        for chunk in self.chunks:
+            body += chunk
+            if len(body) >= limit:
+                break
+        return body
+
+
+class Connection:
+    """One keep-alive connection; ``post`` returns after the response headers arrive."""
+
+    def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._sock: socket.socket | None = None
+        self._buffer = b""
+        self.reusable = False
+        self.deadline: float | None = None  # absolute time after which any wait is a Timeout
+        self.aborted = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._sock is not None
+
+    def abort(self) -> None:
+        """End the exchange from another greenlet: its pending wait fails and nothing more is sent."""
+        self.aborted = True
+        self.close()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self.reusable = False
+
+    def _connect(self) -> None:
+        endpoint = self.endpoint
+        try:
+            sock = socket.create_connection((endpoint.host, endpoint.port), timeout=min(self.timeout_s, 10.0))
+        except TimeoutError as exc:
+            raise Timeout(f"connect timed out: {exc}") from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to {endpoint.host}:{endpoint.port}: {exc}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if endpoint.tls:
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=endpoint.host)
+        sock.settimeout(self.timeout_s)
+        self._sock = sock
+        self._buffer = b""
+
+    def send(self, request: bytes) -> float:
+        """Write a whole request; returns the time just before the bytes were handed to the kernel."""
+        if self.aborted:
+            raise StreamBroken("aborted")
+        if self._sock is None:
+            self._connect()
+        sent = time.time()
+        try:
+            self._sock.sendall(request)
+        except OSError as exc:
+            raise StreamBroken(f"send failed: {exc}") from None
+        return sent
+
+    def read_head(self) -> tuple[int, dict[str, str]]:
+        while b"\r\n\r\n" not in self._buffer:
+            if len(self._buffer) > MAX_HEADER_BYTES:
+                raise StreamBroken("response headers too large")
+            self._fill()
+        head, self._buffer = self._buffer.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        try:
+            status = int(status_line.split(" ", 2)[1])
+        except (IndexError, ValueError):
+            raise StreamBroken(f"bad status line: {status_line[:80]!r}") from None
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return status, headers
+
+    def body(self, headers: dict[str, str]) -> Iterator[bytes]:
+        """The response body as it arrives; leaves the connection reusable when it ends cleanly."""
+        self.reusable = False
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            yield from self._chunked()
+        elif "content-length" in headers:
+            yield from self._sized(int(headers["content-length"]))
+        else:
+            yield from self._until_close()
+            return
+        self.reusable = headers.get("connection", "").lower() != "close"
+
+    def _fill(self) -> None:
+        if self._sock is None:
+            raise StreamBroken("aborted" if self.aborted else "connection closed")
+        if self.deadline is not None:
+            self._sock.settimeout(max(self.deadline - time.time(), 0.001))
+        try:
+            data = self._sock.recv(RECV_SIZE)
+        except TimeoutError:
+            raise Timeout(f"no response within {self.timeout_s} s") from None
+        except OSError as exc:
+            raise StreamBroken(f"connection error: {exc}") from None
+        if not data:
+            raise StreamBroken("connection closed by the server")
+        self._buffer += data
+
+    def _sized(self, remaining: int) -> Iterator[bytes]:
+        while remaining > 0:
+            if not self._buffer:
+                self._fill()
+            piece, self._buffer = self._buffer[:remaining], self._buffer[remaining:]
+            remaining -= len(piece)
+            yield piece
+
+    def _chunked(self) -> Iterator[bytes]:
+        while True:
+            while b"\r\n" not in self._buffer:
+                self._fill()
+            size_line, self._buffer = self._buffer.split(b"\r\n", 1)
+            size = int(size_line.split(b";", 1)[0], 16)
+            if size == 0:
+                while b"\r\n" not in self._buffer:  # trailers are not used by the servers we target
+                    self._fill()
+                self._buffer = self._buffer.split(b"\r\n", 1)[1]
+                return
+            # hand out what is here now: a chunk may span several recv() calls
+            while size > 0:
+                if not self._buffer:
+                    self._fill()
+                piece, self._buffer = self._buffer[:size], self._buffer[size:]
+                size -= len(piece)
+                yield piece
+            while len(self._buffer) < 2:
+                self._fill()
+            self._buffer = self._buffer[2:]  # CRLF after the chunk data
+
+    def _until_close(self) -> Iterator[bytes]:
+        if self._buffer:
+            yield self._buffer
+            self._buffer = b""
+        while True:
+            try:
+                self._fill()
+            except StreamBroken:
+                return
+            yield self._buffer
+            self._buffer = b""
+
+
+def encode_request(endpoint: Endpoint, body: bytes, headers: dict[str, str]) -> bytes:
+    """A POST request with a JSON body, ready for one sendall."""
+    lines = [f"POST {endpoint.path} HTTP/1.1", f"Host: {endpoint.host_header}", f"Content-Length: {len(body)}",
+             "Accept: text/event-stream, application/json", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class ConnectionPool:
+    """Idle keep-alive connections to one endpoint, handed out one per request."""
+
+    def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._idle: list[Connection] = []
+
+    def acquire(self) -> Connection:
+        return self._idle.pop() if self._idle else Connection(self.endpoint, self.timeout_s)
+
+    def release(self, connection: Connection) -> None:
+        if connection.reusable:
+            self._idle.append(connection)
+        else:
+            connection.close()

@@ -1,0 +1,91 @@
+"""`batchscope load` end to end against the simulator, in each load mode: balance, exact lengths, and
+client timings that agree with the server's ground truth."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadgen.metrics import HISTOGRAMS, ClientStats
+from loadgen.request import RequestRecord
+from tests.conftest import run_load
+
+pytestmark = pytest.mark.e2e
+
+BASE = {"input_tokens": 200, "output_tokens": 40, "timeout_s": 30, "seed": 3}
+MODES = {
+    "concurrency": {"warmup_s": 1, "duration_s": 5, "load": {"mode": "concurrency", "concurrency": 4}},
+    "poisson": {"warmup_s": 1, "duration_s": 5, "load": {"mode": "poisson", "rate": 20}},
+    "offline": {"load": {"mode": "offline", "requests": 60}},
+}
+
+
+def ground_truth(path) -> dict[str, dict]:
+    return {r["request_id"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def assert_balanced(result) -> None:
+    summary = result.summary
+    assert result.returncode == 0, result.output[-3000:]
+    assert summary["balanced"] and summary["started"] == sum(summary["outcomes"].values()) == len(result.records)
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_mode_balances_and_matches_the_ground_truth(simulator, tmp_path, mode):
+    truth_path = tmp_path / "truth.jsonl"
+    sim = simulator("--profile", "tiny", "--ground-truth-log", str(truth_path))
+    result = run_load(tmp_path, {**BASE, **MODES[mode]}, sim.url)
+    assert_balanced(result)
+    summary, records = result.summary, result.records
+    ok = [r for r in records if r["outcome"] == "ok"]
+    assert summary["outcomes"]["ok"] == len(ok) > 0
+    assert set(summary["outcomes"]) >= {r["outcome"] for r in records}
+    assert all(r["prompt_tokens"] == 200 and r["output_tokens"] == 40 and len(r["itl_s"]) == 39 for r in ok)
+    if mode == "offline":
+        # a burst of 60: the server's own accept queue makes its handler-entry "arrival" a poor reference
+        assert summary["started"] == len(ok) == 60 and summary["peak_concurrency"] == 60
+        return
+    truth = ground_truth(truth_path)
+    ttft_bias = [r["ttft_s"] - (truth[r["request_id"]]["first_token_s"] - truth[r["request_id"]]["arrival_s"])
+                 for r in ok]
+    e2e_bias = [r["e2e_s"] - (truth[r["request_id"]]["last_token_s"] - truth[r["request_id"]]["arrival_s"])
+                for r in ok]
+    assert np.percentile(np.abs(ttft_bias), 99) <= 0.002
+    assert np.percentile(np.abs(e2e_bias), 99) <= 0.002
+    # the summary excludes warm-up: fewer TTFT observations than ok records
+    assert 0 < summary["ttft"]["count"] < len(ok)
+
+
+def merged_samples(result) -> dict[tuple, float]:
+    """The master's final client metrics (metrics.prom), keyed by (sample name, le or outcome)."""
+    text = (result.out_dir / "metrics.prom").read_text()
+    return {(s.name, s.labels.get("le") or s.labels.get("outcome")): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def per_worker_stats(records: list[dict]) -> dict[int, ClientStats]:
+    stats: dict[int, ClientStats] = {}
+    for data in records:
+        stats.setdefault(data["worker"], ClientStats()).observe(RequestRecord(**data))
+    return stats
+
+
+def test_two_workers_split_the_load_and_the_master_merges_everything(simulator, tmp_path):
+    sim = simulator("--profile", "tiny")
+    result = run_load(tmp_path, {**BASE, **MODES["concurrency"]}, sim.url, workers=2)
+    assert_balanced(result)
+    workers = per_worker_stats(result.records)
+    assert set(workers) == {0, 1}
+    merged = merged_samples(result)
+    for attribute, (name, _, _) in HISTOGRAMS.items():
+        expected = sum(np.cumsum(w.histograms[attribute].counts) for w in workers.values())
+        exposed = [merged[(name + "_bucket", le)] for le, _ in workers[0].histograms[attribute].cumulative()]
+        assert exposed == expected.tolist(), name
+    for outcome in ("ok", "aborted"):
+        expected = sum(w.outcomes[outcome] for w in workers.values())
+        assert merged[("batchscope_client_requests_total", outcome)] == expected
+    assert merged[("batchscope_client_requests_started_total", None)] == result.summary["started"]

@@ -1,0 +1,64 @@
+"""The workload spec: its fixed shape, overrides, and one-line errors naming the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from loadgen.spec import ConcurrencyLoad, PoissonLoad, SpecError, load_spec
+
+DOC_EXAMPLE = """
+model: auto
+endpoint: completions          # or chat
+input_tokens: 1024
+output_tokens: 256
+stream: true
+timeout_s: 600
+seed: 1
+warmup_s: 30
+duration_s: 120
+load: {mode: concurrency, concurrency: 64}
+"""
+
+
+def test_the_documented_example_loads(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(DOC_EXAMPLE)
+    spec = load_spec(path)
+    assert spec.load == ConcurrencyLoad(concurrency=64)
+    assert (spec.input_tokens, spec.output_tokens, spec.warmup_s, spec.duration_s) == (1024, 256, 30, 120)
+
+
+def test_overrides_replace_nested_fields(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(DOC_EXAMPLE)
+    spec = load_spec(path, ["load.mode=poisson", "load.rate=8.5", "load.concurrency=null", "input_tokens=10"])
+    assert spec.load == PoissonLoad(rate=8.5) and spec.input_tokens == 10
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["input_tokens=0"], "spec: input_tokens: Input should be greater than 0"),
+    (["endpoint=grpc"], "spec: endpoint: Input should be 'completions' or 'chat'"),
+    (["load.mode=burst"], "spec: load.mode: must be one of: concurrency, poisson, offline"),
+    (["load.mode=poisson", "load.concurrency=null"], "spec: load.rate: Field required"),
+    (["colour=blue"], "spec: colour: Extra inputs are not permitted"),
+    (["noequals"], "--set: expected key=value"),
+])
+def test_bad_fields_are_named(tmp_path, overrides, message):
+    path = tmp_path / "spec.yaml"
+    path.write_text(DOC_EXAMPLE)
+    with pytest.raises(SpecError) as caught:
+        load_spec(path, overrides)
+    assert str(caught.value).startswith(message)
+
+
+def test_cli_rejects_a_bad_spec_in_one_line_before_starting_locust(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(DOC_EXAMPLE.replace("output_tokens: 256", "output_tokens: -3"))
+    result = subprocess.run([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "batchscope load: error: spec: output_tokens: Input should be greater than 0"]
