@@ -12,6 +12,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 test: $(BIN)/.installed
+	scripts/ensure-debian-packages chromium
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
