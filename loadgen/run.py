@@ -63,7 +63,7 @@ class LoadRun:
     def in_flight(self) -> int:
         return len(self._active)
 
-    def run_one(self, pool: ConnectionPool, scheduled_s: float) -> None:
+    def run_one(self, pool: ConnectionPool, scheduled_s: float) -> RequestRecord:
         """Send one request scheduled at ``scheduled_s`` and deliver its record, whatever happens."""
         record = RequestRecord(request_id=f"w{self.worker_index}-{next(self._sequence)}", worker=self.worker_index,
                                scheduled_s=scheduled_s)
@@ -82,6 +82,7 @@ class LoadRun:
             self._on_record(record)
             if not self._active:
                 self._idle.set()
+        return record
 
     def dispatch(self, start: float, end: float) -> None:
         """Open loop: release this worker's arrivals at their scheduled times until ``end``."""

@@ -7,11 +7,10 @@ import json
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.metrics import HISTOGRAMS, ClientStats
-from loadgen.request import RequestRecord
+from loadgen.metrics import HISTOGRAMS
 from tests.conftest import run_load
+from tests.loadgen.support import merged_samples, per_worker_stats
 
 pytestmark = pytest.mark.e2e
 
@@ -58,20 +57,6 @@ def test_each_mode_balances_and_matches_the_ground_truth(simulator, tmp_path, mo
     assert np.percentile(np.abs(e2e_bias), 99) <= 0.002
     # the summary excludes warm-up: fewer TTFT observations than ok records
     assert 0 < summary["ttft"]["count"] < len(ok)
-
-
-def merged_samples(result) -> dict[tuple, float]:
-    """The master's final client metrics (metrics.prom), keyed by (sample name, le or outcome)."""
-    text = (result.out_dir / "metrics.prom").read_text()
-    return {(s.name, s.labels.get("le") or s.labels.get("outcome")): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
-
-
-def per_worker_stats(records: list[dict]) -> dict[int, ClientStats]:
-    stats: dict[int, ClientStats] = {}
-    for data in records:
-        stats.setdefault(data["worker"], ClientStats()).observe(RequestRecord(**data))
-    return stats
 
 
 def test_two_workers_split_the_load_and_the_master_merges_everything(simulator, tmp_path):

@@ -1,0 +1,22 @@
+"""Helpers shared by the load generator's end-to-end tests."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadgen.metrics import ClientStats
+from loadgen.request import RequestRecord
+
+
+def merged_samples(result) -> dict[tuple, float]:
+    """The master's final client metrics (metrics.prom), keyed by (sample name, le or outcome)."""
+    text = (result.out_dir / "metrics.prom").read_text()
+    return {(s.name, s.labels.get("le") or s.labels.get("outcome")): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def per_worker_stats(records: list[dict]) -> dict[int, ClientStats]:
+    stats: dict[int, ClientStats] = {}
+    for data in records:
+        stats.setdefault(data["worker"], ClientStats()).observe(RequestRecord(**data))
+    return stats
