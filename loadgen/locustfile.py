@@ -13,7 +13,6 @@ from locust import LoadTestShape, User, constant, task
 
 from loadgen import listeners
 
-
 RECONNECT_DELAY_S = 0.1
 
 
