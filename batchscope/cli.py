@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from exporter import cli as exporter_cli
 from loadgen import cli as load_cli
 from simulator import cli as sim_cli
 
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     sim_cli.add_parser(commands)
     load_cli.add_parser(commands)
+    exporter_cli.add_parser(commands)
     return parser
 
 

@@ -1,0 +1,198 @@
+"""The exporter's collector: at each scrape, fetch vLLM and the load generator concurrently and merge them.
+
+Yields vLLM's ``vllm:*`` families unchanged (old names mapped, see families.py), the load generator's
+``batchscope_client_*`` families, the serving configuration in effect, KV capacity, change marks, and per target
+``batchscope_up`` and ``batchscope_scrape_duration_seconds``. A down, slow or malformed target gives up=0 and
+everything else is still served. Nothing is polled between scrapes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from exporter import families
+from exporter.changes import ChangeTracker
+from exporter.config import ServingConfig, from_exposed, parse_command
+from exporter.docker_source import ContainerView, DockerSource
+
+
+@dataclass
+class TargetScrape:
+    """One target's answer at this scrape."""
+
+    up: bool = False
+    duration_s: float = 0.0
+    families: list[Metric] = field(default_factory=list)
+    start_time_s: float | None = None  # process_start_time_seconds: read to tell restarts apart, not re-exposed
+    error: str = ""
+
+
+@dataclass
+class ExporterSources:
+    """Where the exporter reads from; everything but vllm_url is optional."""
+
+    vllm_url: str
+    loadgen_url: str | None = None
+    vllm_api_key: str | None = None
+    vllm_command: str | None = None
+    vllm_command_file: Path | None = None
+    docker: DockerSource | None = None
+    timeout_s: float = 2.0
+
+
+class BatchscopeCollector(Collector):
+    """One Prometheus target carrying both sides of every request and the configuration behind them."""
+
+    def __init__(self, sources: ExporterSources, changes: ChangeTracker) -> None:
+        self._sources = sources
+        self._changes = changes
+        self._session = requests.Session()
+        self._pool = ThreadPoolExecutor(max_workers=5, thread_name_prefix="scrape")
+
+    def collect(self) -> Iterator[Metric]:
+        src = self._sources
+        vllm_future = self._pool.submit(self._scrape, src.vllm_url + "/metrics", "vllm:")
+        loadgen_future = self._pool.submit(self._scrape, src.loadgen_url + "/metrics", "batchscope_client_") \
+            if src.loadgen_url else None
+        card_future = self._pool.submit(self._json, "/v1/models")
+        version_future = self._pool.submit(self._json, "/version")
+        docker_future = self._pool.submit(src.docker.read) if src.docker else None
+        vllm = vllm_future.result()
+        vllm_families, mappings = families.map_renamed(vllm.families)
+        yield from vllm_families
+        yield _mapping_info(mappings)
+        scrapes = {"vllm": vllm}
+        if loadgen_future is not None:
+            scrapes["loadgen"] = loadgen_future.result()
+            yield from scrapes["loadgen"].families
+        container = docker_future.result() if docker_future else None
+        if vllm.up:
+            config = self._config(vllm.families, card_future.result(), version_future.result(), container)
+            started = vllm.start_time_s if vllm.start_time_s is not None else getattr(container, "started_at", None)
+            self._changes.observe(config, started)
+            yield from self._config_families(config, vllm.families, container)
+        yield from self._change_families()
+        yield from _health_families(scrapes)
+
+    # ----- fetching ------------------------------------------------------------------------------------
+
+    def _scrape(self, url: str, prefix: str) -> TargetScrape:
+        started = time.perf_counter()
+        result = TargetScrape()
+        try:
+            reply = self._session.get(url, timeout=self._sources.timeout_s, headers={"Accept": "text/plain"})
+            reply.raise_for_status()
+            parsed = families.parse(reply.text)
+            result.families = [family for family in parsed if family.name.startswith(prefix)]
+            result.start_time_s = next((f.samples[0].value for f in parsed
+                                        if f.name == "process_start_time_seconds" and f.samples), None)
+            result.up = True
+        except (requests.RequestException, ValueError) as exc:
+            result.error = str(exc)[:200]
+        result.duration_s = time.perf_counter() - started
+        return result
+
+    def _json(self, path: str) -> dict | None:
+        headers = {"Authorization": f"Bearer {self._sources.vllm_api_key}"} if self._sources.vllm_api_key else {}
+        try:
+            reply = self._session.get(self._sources.vllm_url + path, timeout=self._sources.timeout_s, headers=headers)
+            reply.raise_for_status()
+            return reply.json()
+        except (requests.RequestException, ValueError):
+            return None
+
+    # ----- configuration -------------------------------------------------------------------------------
+
+    def _config(self, vllm_families: list[Metric], models: dict | None, version: dict | None,
+                container: ContainerView | None) -> ServingConfig:
+        card = (models or {}).get("data", [None])[0] if models else None
+        config = from_exposed(cache_config_labels(vllm_families), card, (version or {}).get("version"))
+        command = self._command()
+        if command:
+            config = parse_command(command).merged_over(config)
+        if container is not None:
+            config = container.config.merged_over(config)
+        return config
+
+    def _command(self) -> str | None:
+        src = self._sources
+        if src.vllm_command_file is not None and src.vllm_command_file.exists():
+            return src.vllm_command_file.read_text().strip() or None  # re-read: a tuner rewrites it per setting
+        return src.vllm_command
+
+    def _config_families(self, config: ServingConfig, vllm_families: list[Metric],
+                         container: ContainerView | None) -> Iterator[Metric]:
+        labels = config.labels()
+        info = GaugeMetricFamily("batchscope_vllm_config_info",
+                                 "Serving configuration in effect (value 1): docker command line, then the given "
+                                 "`vllm serve` command, then what vLLM exposes; '' = unknown.",
+                                 labels=list(labels))
+        info.add_metric(list(labels.values()), 1)
+        yield info
+        tokens, concurrency = kv_capacity(cache_config_labels(vllm_families), config, container)
+        if tokens is not None:
+            yield GaugeMetricFamily("batchscope_vllm_kv_cache_capacity_tokens",
+                                    "Tokens the KV cache holds at once (vLLM's 'GPU KV cache size': num_gpu_blocks "
+                                    "x block_size, or the start-up log line).", value=tokens)
+        if concurrency is not None:
+            yield GaugeMetricFamily("batchscope_vllm_kv_cache_max_concurrency",
+                                    "Requests of max_model_len tokens the KV cache holds at once (vLLM's "
+                                    "'Maximum concurrency').", value=concurrency)
+
+    def _change_families(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("batchscope_config_changes",
+                                  "Serving configuration or vLLM start-time changes seen between scrapes.",
+                                  value=self._changes.changes)
+        yield GaugeMetricFamily("batchscope_config_last_change_timestamp_seconds",
+                                "Unix time of the last configuration change (0 = none seen).",
+                                value=self._changes.last_change_s)
+
+
+def cache_config_labels(vllm_families: list[Metric]) -> dict[str, str]:
+    for family in vllm_families:
+        if family.name == "vllm:cache_config_info" and family.samples:
+            return dict(family.samples[0].labels)
+    return {}
+
+
+def kv_capacity(cache_config: dict[str, str], config: ServingConfig,
+                container: ContainerView | None) -> tuple[float | None, float | None]:
+    """(KV tokens, max concurrency): from vLLM's cache config when it says, else from the container's log."""
+    tokens = None
+    if cache_config.get("num_gpu_blocks", "").isdigit() and cache_config.get("block_size", "").isdigit():
+        tokens = int(cache_config["num_gpu_blocks"]) * int(cache_config["block_size"])
+    elif container is not None:
+        tokens = container.kv_cache_tokens
+    if tokens is not None and config.max_model_len.isdigit():
+        return tokens, tokens / int(config.max_model_len)
+    return tokens, container.max_concurrency if container is not None else None
+
+
+def _mapping_info(mappings: dict[str, str]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily("batchscope_vllm_metric_renamed_info",
+                               "An old vLLM metric name exposed under today's name at this scrape (value 1).",
+                               labels=["source_name", "exposed_name"])
+    for old, new in sorted(mappings.items()):
+        family.add_metric([old, new], 1)
+    return family
+
+
+def _health_families(scrapes: dict[str, TargetScrape]) -> Iterator[Metric]:
+    up = GaugeMetricFamily("batchscope_up", "1 if the target answered a parseable /metrics at this scrape.",
+                           labels=["target"])
+    duration = GaugeMetricFamily("batchscope_scrape_duration_seconds", "Time to fetch and parse the target.",
+                                 labels=["target"])
+    for name, scrape in scrapes.items():
+        up.add_metric([name], 1 if scrape.up else 0)
+        duration.add_metric([name], scrape.duration_s)
+    yield up
+    yield duration

@@ -1,0 +1,91 @@
+"""The vLLM container, read through the docker SDK (read-only): its command line, start time and KV log line.
+
+The container is found by name, or by the compose service label (``com.docker.compose.service=vllm``). Logs are
+read once per container start (the KV capacity line is printed at start-up), not on every scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from exporter.config import ServingConfig, parse_command
+
+log = logging.getLogger("batchscope.exporter")
+KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+CONCURRENCY_LINE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+LOG_TAIL_LINES = 5000
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """What the exporter learns from the container."""
+
+    config: ServingConfig
+    started_at: float | None
+    kv_cache_tokens: int | None
+    max_concurrency: float | None
+
+
+class DockerSource:
+    """Reads one container through a docker SDK client (built lazily: no daemon, no client, no error)."""
+
+    def __init__(self, client_factory: Callable[[], object], container: str | None = None,
+                 service: str = "vllm") -> None:
+        self._client_factory = client_factory
+        self._client = None
+        self._container = container
+        self._service = service
+        self._log_cache: dict[tuple[str, str], tuple[int | None, float | None]] = {}
+
+    def read(self) -> ContainerView | None:
+        """The container's view, or None when there is no daemon or no such container (logged, not raised)."""
+        try:
+            container = self._find()
+            if container is None:
+                return None
+            attrs = container.attrs
+            config = attrs.get("Config", {})
+            command = list(config.get("Entrypoint") or []) + list(config.get("Cmd") or [])
+            started = attrs.get("State", {}).get("StartedAt", "")
+            tokens, concurrency = self._capacity(container, started)
+            return ContainerView(parse_command(command), _timestamp(started), tokens, concurrency)
+        except Exception as exc:  # the SDK raises many types (DockerException, requests errors, APIError)
+            log.warning("docker: cannot read the vLLM container: %s", exc)
+            self._client = None
+            return None
+
+    def _find(self):
+        if self._client is None:
+            self._client = self._client_factory()
+        containers = self._client.containers
+        if self._container:
+            return containers.get(self._container)
+        found = containers.list(filters={"label": f"com.docker.compose.service={self._service}"})
+        return found[0] if found else None
+
+    def _capacity(self, container, started: str) -> tuple[int | None, float | None]:
+        key = (container.id, started)
+        if key not in self._log_cache:
+            text = container.logs(stdout=True, stderr=True, tail=LOG_TAIL_LINES).decode("utf-8", "replace")
+            self._log_cache = {key: parse_capacity(text)}
+        return self._log_cache[key]
+
+
+def parse_capacity(log_text: str) -> tuple[int | None, float | None]:
+    """The last 'GPU KV cache size' and 'Maximum concurrency' figures in a vLLM log."""
+    tokens = KV_LINE.findall(log_text)
+    concurrency = CONCURRENCY_LINE.findall(log_text)
+    return (int(tokens[-1].replace(",", "")) if tokens else None,
+            float(concurrency[-1][1]) if concurrency else None)
+
+
+def _timestamp(started_at: str) -> float | None:
+    """Docker's RFC 3339 StartedAt (nanoseconds, 'Z') as Unix seconds."""
+    if not started_at or started_at.startswith("0001-"):
+        return None
+    trimmed = re.sub(r"\.(\d{6})\d*", r".\1", started_at.replace("Z", "+00:00"))
+    return datetime.fromisoformat(trimmed).timestamp()

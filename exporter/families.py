@@ -1,0 +1,61 @@
+"""Re-exposing scraped families: parse Prometheus text, keep one namespace, and map vLLM's renamed metrics.
+
+vLLM renamed three metric groups between 0.8 and 0.12 (../shared/reference/vllm.md §1): gpu_cache_usage_perc ->
+kv_cache_usage_perc, gpu_prefix_cache_{queries,hits} -> prefix_cache_{queries,hits} (counted blocks in 0.8,
+tokens later), time_per_output_token_seconds -> inter_token_latency_seconds. Old names are exposed under the
+new ones so one dashboard works from vLLM 0.8 onwards; when a server exposes both (its deprecation window),
+the old family is dropped. Each mapping applied is reported, so nobody has to guess.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+RENAMES = {
+    "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
+    "vllm:gpu_prefix_cache_queries": "vllm:prefix_cache_queries",
+    "vllm:gpu_prefix_cache_hits": "vllm:prefix_cache_hits",
+    "vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",
+}
+
+
+def parse(text: str) -> list[Metric]:
+    """Every family of a text exposition; raises ValueError on malformed input."""
+    try:
+        return list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises several types on bad input; all mean "malformed"
+        raise ValueError(f"malformed exposition: {exc}") from exc
+
+
+def _renamed_base(name: str) -> str | None:
+    """The old base name ``name`` belongs to (the family itself or its ``_created`` twin)."""
+    for old in RENAMES:
+        if name in (old, old + "_created"):
+            return old
+    return None
+
+
+def map_renamed(families: list[Metric]) -> tuple[list[Metric], dict[str, str]]:
+    """Expose old vLLM names under today's; return the families and the mappings applied (old -> new)."""
+    present = {family.name for family in families}
+    result: list[Metric] = []
+    applied: dict[str, str] = {}
+    for family in families:
+        old = _renamed_base(family.name)
+        if old is None:
+            result.append(family)
+            continue
+        new_name = RENAMES[old] + family.name[len(old):]
+        if new_name in present:
+            continue  # the server already exposes the new name: keep only that
+        result.append(_rename(family, old, RENAMES[old]))
+        applied[old] = RENAMES[old]
+    return result, applied
+
+
+def _rename(family: Metric, old: str, new: str) -> Metric:
+    renamed = Metric(new + family.name[len(old):], f"{family.documentation} (batchscope: exposed from {old})",
+                     family.type, family.unit)
+    renamed.samples = [sample._replace(name=new + sample.name[len(old):]) for sample in family.samples]
+    return renamed

@@ -1,0 +1,45 @@
+"""Serve a registry over HTTP, always in the classic text format 0.0.4 (whatever the Accept header says).
+
+prometheus_client >= 0.23 answers Prometheus 2.x's OpenMetrics Accept header with escaped names (`vllm_...`);
+the classic format keeps `vllm:` names intact (../shared/reference/ecosystem.md §2).
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def make_server(registry: CollectorRegistry, host: str, port: int) -> ThreadingHTTPServer:
+    """An HTTP server (not yet serving) answering /metrics from ``registry``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            if self.path.split("?")[0] != "/metrics":
+                self._reply(404, b"batchscope exporter: metrics are at /metrics\n", "text/plain")
+                return
+            self._reply(200, generate_latest(registry), CONTENT_TYPE)
+
+        def _reply(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args) -> None:  # scrapes every few seconds would flood the log
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve_in_thread(server: ThreadingHTTPServer) -> threading.Thread:
+    thread = threading.Thread(target=server.serve_forever, name="exporter-http", daemon=True)
+    thread.start()
+    return thread
