@@ -12,7 +12,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 test: $(BIN)/.installed
-	scripts/ensure-debian-packages chromium
+	scripts/ensure-debian-packages chromium prometheus
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

@@ -1,0 +1,99 @@
+"""Where the exporter learns the serving configuration: command lines, and the docker SDK (against a stub
+Docker engine API, since no engine runs here)."""
+
+from __future__ import annotations
+
+import struct
+
+import docker
+import pytest
+
+from exporter.config import ServingConfig, from_exposed, parse_command
+from exporter.docker_source import DockerSource, parse_capacity
+from tests.stubs import HttpStub, Reply, json_reply
+
+COMMAND = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "256",
+           "--max-num-batched-tokens=8192", "--gpu-memory-utilization", "0.95", "--max-model-len", "8192",
+           "--enable-prefix-caching", "--tensor-parallel-size", "1"]
+LOG = ("INFO 10-03 16:22:17 [gpu_worker.py:298] Available KV cache memory: 58.11 GiB\n"
+       "INFO 10-03 16:22:17 [kv_cache_utils.py:864] GPU KV cache size: 476,016 tokens\n"
+       "INFO 10-03 16:22:17 [kv_cache_utils.py:868] Maximum concurrency for 8,192 tokens per request: 58.11x\n")
+
+
+def test_vllm_serve_command_line_is_parsed_into_known_fields_and_other_flags():
+    config = parse_command(" ".join(COMMAND))
+    assert (config.model, config.max_num_seqs, config.max_num_batched_tokens) == (
+        "meta-llama/Llama-3.1-8B-Instruct", "256", "8192")
+    assert (config.gpu_memory_utilization, config.max_model_len) == ("0.95", "8192")
+    assert config.other_flags == {"enable_prefix_caching": "true", "tensor_parallel_size": "1"}
+
+
+def test_the_api_server_module_form_is_parsed_too():
+    config = parse_command("python3 -m vllm.entrypoints.openai.api_server --model m --max-num-seqs 64")
+    assert (config.model, config.max_num_seqs) == ("m", "64")
+
+
+def test_command_values_win_over_exposed_ones_and_diff_reads_like_a_change_log():
+    exposed = from_exposed({"block_size": "16", "gpu_memory_utilization": "0.9"},
+                           {"id": "llama", "root": "/models/llama", "max_model_len": 8192}, "0.11.0")
+    merged = parse_command("vllm serve /models/llama --gpu-memory-utilization 0.95").merged_over(exposed)
+    assert (merged.gpu_memory_utilization, merged.block_size, merged.vllm_version) == ("0.95", "16", "0.11.0")
+    later = ServingConfig(**{**merged.model_dump(), "max_num_batched_tokens": "8192"})
+    before = ServingConfig(**{**merged.model_dump(), "max_num_batched_tokens": "2048"})
+    assert later.diff(before) == ["max_num_batched_tokens: 2048 → 8192"]
+    assert later.diff(ServingConfig()) == []  # unknown before: a source answering, not a change
+
+
+def test_capacity_is_read_from_vllms_log_lines():
+    assert parse_capacity(LOG) == (476016, 58.11)
+    assert parse_capacity("nothing here") == (None, None)
+
+
+def docker_frames(text: str) -> bytes:
+    """Docker's multiplexed log stream: an 8-byte header (stream 2 = stderr, big-endian size) per frame."""
+    payload = text.encode()
+    return struct.pack(">BxxxL", 2, len(payload)) + payload
+
+
+@pytest.fixture
+def engine():
+    attrs = {"Id": "c0ffee", "Name": "/batchscope-vllm-1",
+             "Config": {"Entrypoint": ["vllm"], "Cmd": COMMAND[1:], "Tty": False,
+                        "Labels": {"com.docker.compose.service": "vllm"}},
+             "State": {"Status": "running", "StartedAt": "2026-11-30T05:00:00.123456789Z"}}
+
+    def route(method: str, path: str) -> Reply:
+        if path.startswith("/v1.43/containers/json"):
+            return json_reply([{"Id": "c0ffee", "Names": ["/batchscope-vllm-1"], "Labels": attrs["Config"]["Labels"]}])
+        if path.startswith(("/v1.43/containers/c0ffee/json", "/v1.43/containers/batchscope-vllm-1/json")):
+            return json_reply(attrs)
+        if path.startswith("/v1.43/containers/c0ffee/logs"):
+            return Reply(body=docker_frames(LOG), content_type="application/vnd.docker.raw-stream")
+        return json_reply({"message": "no such thing"}, status=404)
+
+    stub = HttpStub(route).start()
+    yield stub
+    stub.stop()
+
+
+@pytest.mark.parametrize("by", ["service", "name"])
+def test_container_command_and_kv_line_are_read_through_the_docker_sdk(engine, by):
+    client = lambda: docker.DockerClient(base_url=engine.url.replace("http", "tcp"), version="1.43")  # noqa: E731
+    source = DockerSource(client, container="batchscope-vllm-1" if by == "name" else None, service="vllm")
+    view = source.read()
+    assert view.config.max_num_batched_tokens == "8192" and view.config.max_num_seqs == "256"
+    assert (view.kv_cache_tokens, view.max_concurrency) == (476016, 58.11)
+    assert view.started_at == pytest.approx(1796014800.123456)
+    source.read()
+    log_reads = [r for r in engine.requests if "/logs" in r.path]
+    assert len(log_reads) == 1  # logs are read once per container start, not per scrape
+    if by == "service":
+        assert any("com.docker.compose.service%3Dvllm" in r.path or "com.docker.compose.service=vllm" in r.path
+                   for r in engine.requests if r.path.startswith("/v1.43/containers/json"))
+
+
+def test_no_daemon_means_no_view_and_no_exception():
+    def no_daemon():
+        raise docker.errors.DockerException("Error while fetching server API version")
+
+    assert DockerSource(no_daemon).read() is None

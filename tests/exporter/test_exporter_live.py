@@ -1,0 +1,199 @@
+"""The exporter against live processes: the simulator, Locust's load generator, a Grafana stub, a real
+Prometheus. Values must equal their sources; a restart with another flag is one change and one annotation."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import free_port, wait_until
+from tests.stubs import HttpStub, Reply, json_reply
+
+pytestmark = pytest.mark.e2e
+
+
+class Exporter:
+    def __init__(self, tmp_path: Path, *flags: str) -> None:
+        self.port = free_port()
+        self.log = tmp_path / f"exporter-{self.port}.log"
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "batchscope.cli", "exporter", "--port",
+                                             str(self.port), *flags], stdout=log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+        wait_until(self._answers, timeout_s=20, message="exporter up")
+
+    def _answers(self) -> bool:
+        try:
+            return requests.get(self.url, timeout=5).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    def scrape(self, accept: str = "application/openmetrics-text;version=1.0.0") -> dict:
+        reply = requests.get(self.url, timeout=10, headers={"Accept": accept})
+        assert reply.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        return samples(reply.text)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def samples(text: str) -> dict[tuple, float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def only(prefix: str, values: dict) -> dict:
+    return {k: v for k, v in values.items() if k[0].startswith(prefix)}
+
+
+@pytest.fixture
+def exporters(tmp_path):
+    started: list[Exporter] = []
+
+    def start(*flags: str) -> Exporter:
+        exporter = Exporter(tmp_path, *flags)
+        started.append(exporter)
+        return exporter
+
+    yield start
+    for exporter in started:
+        exporter.stop()
+
+
+def test_exported_values_equal_their_sources(simulator, exporters, tmp_path):
+    sim = simulator("--profile", "tiny")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"input_tokens": 64, "output_tokens": 16, "duration_s": 2,
+                                    "load": {"mode": "concurrency", "concurrency": 2}}))
+    metrics_port, web_port = free_port(), free_port()
+    # with its web UI Locust stays up after the run, so its final client metrics hold still
+    locust = subprocess.Popen([sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--host", sim.url,
+                               "--spec", str(spec), "--metrics-port", str(metrics_port), "--autostart",
+                               "--web-host", "127.0.0.1", "--web-port", str(web_port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        loadgen_url = f"http://127.0.0.1:{metrics_port}"
+
+        def finished() -> bool:
+            try:
+                state = requests.get(f"http://127.0.0.1:{web_port}/stats/requests", timeout=5).json()["state"]
+            except (requests.RequestException, ValueError):
+                return False
+            return state == "stopped"
+
+        wait_until(finished, timeout_s=60, message="the load run to end")
+        exporter = exporters("--vllm-url", sim.url, "--loadgen-url", loadgen_url)
+        exported = exporter.scrape()
+        vllm_source = samples(requests.get(sim.url + "/metrics", timeout=5).text)
+        client_source = samples(requests.get(loadgen_url + "/metrics", timeout=5).text)
+    finally:
+        locust.terminate()
+        locust.wait(timeout=20)
+    assert only("vllm:", exported) == only("vllm:", vllm_source)
+    assert only("batchscope_client_", exported) == only("batchscope_client_", client_source)
+    assert only("vllm:generation_tokens_total", exported) and only("batchscope_client_requests_total", exported)
+    assert exported[("batchscope_up", (("target", "vllm"),))] == 1
+    assert exported[("batchscope_up", (("target", "loadgen"),))] == 1
+    info = next(dict(labels) for (name, labels) in exported if name == "batchscope_vllm_config_info")
+    assert (info["model"], info["max_model_len"], info["block_size"]) == ("sim-model", "4096", "16")
+    assert exported[("batchscope_vllm_kv_cache_capacity_tokens", ())] == 177264
+
+
+def test_a_restart_with_another_flag_is_one_change_and_one_annotation(simulator, exporters, tmp_path):
+    grafana = HttpStub(lambda method, path: json_reply({"message": "Annotation added", "id": 1})).start()
+    port = str(free_port())
+    command_file = tmp_path / "vllm-command"
+    command_file.write_text("vllm serve sim-model --max-num-batched-tokens 2048")
+    first = simulator("--profile", "tiny", "--port", port, "--max-num-batched-tokens", "2048")
+    exporter = exporters("--vllm-url", first.url, "--vllm-command-file", str(command_file),
+                         "--grafana-url", grafana.url, "--grafana-token", "glsa_test")
+    assert exporter.scrape()[("batchscope_config_changes_total", ())] == 0
+    first.stop()
+    down = exporter.scrape()
+    assert down[("batchscope_up", (("target", "vllm"),))] == 0
+    command_file.write_text("vllm serve sim-model --max-num-batched-tokens 8192")
+    simulator("--profile", "tiny", "--port", port, "--max-num-batched-tokens", "8192")
+    after = exporter.scrape()
+    assert after[("batchscope_config_changes_total", ())] == 1
+    assert after[("batchscope_config_last_change_timestamp_seconds", ())] > time.time() - 60
+    info = next(dict(labels) for (name, labels) in after if name == "batchscope_vllm_config_info")
+    assert info["max_num_batched_tokens"] == "8192"
+    assert exporter.scrape()[("batchscope_config_changes_total", ())] == 1  # no second event
+    posts = wait_until(lambda: [r for r in grafana.requests if r.method == "POST"], message="annotation POST")
+    assert len(posts) == 1 and posts[0].path == "/api/annotations"
+    body = posts[0].json()
+    assert body["tags"] == ["batchscope", "config-change"]
+    assert "max_num_batched_tokens: 2048 → 8192" in body["text"]
+    assert posts[0].headers["Authorization"] == "Bearer glsa_test"
+    grafana.stop()
+
+
+def test_down_malformed_or_slow_targets_give_up_0_and_the_rest_is_served(simulator, exporters):
+    sim = simulator("--profile", "tiny")
+    malformed = HttpStub(lambda m, p: Reply(body=b'batchscope_client_x{run_id="a" 1\n', content_type="text/plain"))
+    slow = HttpStub(lambda m, p: Reply(body=b"", content_type="text/plain", delay_s=3))
+    for stub, up_url in ((malformed.start(), None), (slow.start(), None), (None, f"http://127.0.0.1:{free_port()}")):
+        loadgen_url = up_url or stub.url
+        exporter = exporters("--vllm-url", sim.url, "--loadgen-url", loadgen_url, "--scrape-timeout-s", "0.5")
+        started = time.monotonic()
+        exported = exporter.scrape()
+        assert time.monotonic() - started < 2.5
+        assert exported[("batchscope_up", (("target", "loadgen"),))] == 0
+        assert exported[("batchscope_up", (("target", "vllm"),))] == 1
+        assert only("vllm:num_requests_running", exported)
+        if stub:
+            stub.stop()
+
+
+def test_grafana_unreachable_is_logged_and_never_blocks_a_scrape(simulator, exporters):
+    port = str(free_port())
+    first = simulator("--profile", "tiny", "--port", port, "--gpu-memory-utilization", "0.9")
+    exporter = exporters("--vllm-url", first.url, "--grafana-url", f"http://127.0.0.1:{free_port()}")
+    exporter.scrape()
+    first.stop()
+    simulator("--profile", "tiny", "--port", port, "--gpu-memory-utilization", "0.8")
+    started = time.monotonic()
+    assert exporter.scrape()[("batchscope_config_changes_total", ())] == 1
+    assert time.monotonic() - started < 2
+    wait_until(lambda: "grafana annotation attempt 1/" in exporter.log.read_text(), message="retry logged")
+    assert exporter.process.poll() is None
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian package prometheus is not installed")
+def test_a_real_prometheus_stores_the_vllm_names_intact(simulator, exporters, tmp_path):
+    sim = simulator("--profile", "tiny")
+    exporter = exporters("--vllm-url", sim.url)
+    prom_port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "batchscope", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}],
+    }))
+    prometheus = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                   f"--web.listen-address=127.0.0.1:{prom_port}"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def names() -> list[str] | None:
+            try:
+                reply = requests.get(f"http://127.0.0.1:{prom_port}/api/v1/label/__name__/values", timeout=5)
+                found = reply.json()["data"]
+            except (requests.RequestException, ValueError, KeyError):
+                return None
+            return found if "vllm:num_requests_running" in found else None
+
+        stored = wait_until(names, timeout_s=60, interval_s=0.5, message="Prometheus to store the vllm: series")
+    finally:
+        prometheus.terminate()
+        prometheus.wait(timeout=20)
+    assert "vllm:time_to_first_token_seconds_bucket" in stored and "vllm:kv_cache_usage_perc" in stored
+    assert not [name for name in stored if name.startswith("vllm_")]
+    assert "batchscope_up" in stored

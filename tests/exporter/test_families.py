@@ -1,0 +1,111 @@
+"""Golden tests: real vLLM /metrics of several versions are re-exposed intact, old names mapped to today's.
+
+The fixtures are ../shared/reference/vllm-metrics-sample.txt, copied into tests/fixtures. Run with
+UPDATE_GOLDEN=1 to rewrite tests/fixtures/golden/ after a deliberate change.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporter import families
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+GOLDEN = FIXTURES / "golden"
+SECTION = re.compile(r"^# \[([A-Z])\]", re.MULTILINE)
+
+
+def sections() -> dict[str, str]:
+    """Each lettered excerpt of the sample file, keeping only exposition lines (the file elides with '...')."""
+    text = (FIXTURES / "vllm-metrics-sample.txt").read_text()
+    parts = SECTION.split(text)[1:]
+    result = {}
+    for letter, body in zip(parts[::2], parts[1::2], strict=True):
+        lines = [line for line in body.splitlines()
+                 if (line.startswith(("# HELP", "# TYPE")) or re.match(r"^[a-z_:]+[{ ]", line)) and "..." not in line]
+        result[letter] = "\n".join(lines) + "\n"
+    return result
+
+
+class Static:
+    def __init__(self, metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        return iter(self.metrics)
+
+
+def reexposed(text: str) -> tuple[str, dict[str, str]]:
+    vllm = [f for f in families.parse(text) if f.name.startswith("vllm:")]
+    mapped, applied = families.map_renamed(vllm)
+    registry = CollectorRegistry()
+    registry.register(Static(mapped))
+    return generate_latest(registry).decode(), applied
+
+
+@pytest.mark.parametrize("letter", sorted(sections()))
+def test_reexposition_matches_golden(letter):
+    output, _ = reexposed(sections()[letter])
+    golden = GOLDEN / f"section-{letter}.prom"
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.mkdir(exist_ok=True)
+        golden.write_text(output)
+    assert output == golden.read_text()
+
+
+def test_every_vllm_sample_survives_with_its_labels_and_value():
+    for letter, text in sections().items():
+        source = [f for f in families.parse(text) if f.name.startswith("vllm:")]
+        present = {f.name for f in source}
+        expected = {}
+        for family in source:
+            name = _todays_name(family.name)
+            if name != family.name and name in present:
+                continue  # deprecation window: the server's own new-name series are kept instead
+            for sample in family.samples:
+                expected[(_todays_name(sample.name), tuple(sorted(sample.labels.items())))] = sample.value
+        output, _ = reexposed(text)
+        exposed = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in families.parse(output) for s in f.samples}
+        assert exposed == expected, letter
+
+
+def _todays_name(name: str) -> str:
+    for old, new in families.RENAMES.items():
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
+def test_old_names_are_mapped_and_reported():
+    early = sections()["F"]  # vLLM 0.8: gpu_cache_usage_perc
+    output, applied = reexposed(early)
+    assert applied == {"vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc"}
+    assert "vllm:kv_cache_usage_perc{" in output and "gpu_cache_usage_perc{" not in output
+    both = sections()["C"]  # vLLM 0.10: deprecated gpu_prefix_cache_* beside prefix_cache_*
+    output, applied = reexposed(both)
+    assert "gpu_prefix_cache" not in output.replace("exposed from vllm:gpu_prefix_cache", "")
+    assert "vllm:prefix_cache_queries_total" in output
+
+
+def test_old_itl_histogram_is_exposed_under_todays_name():
+    text = ("# HELP vllm:time_per_output_token_seconds Histogram of time per output token in seconds.\n"
+            "# TYPE vllm:time_per_output_token_seconds histogram\n"
+            'vllm:time_per_output_token_seconds_bucket{le="0.01",model_name="m"} 3.0\n'
+            'vllm:time_per_output_token_seconds_bucket{le="+Inf",model_name="m"} 5.0\n'
+            'vllm:time_per_output_token_seconds_count{model_name="m"} 5.0\n'
+            'vllm:time_per_output_token_seconds_sum{model_name="m"} 0.2\n')
+    output, applied = reexposed(text)
+    assert applied == {"vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds"}
+    assert 'vllm:inter_token_latency_seconds_bucket{le="0.01",model_name="m"} 3.0' in output
+    assert "# TYPE vllm:inter_token_latency_seconds histogram" in output
+
+
+def test_malformed_text_raises_value_error():
+    with pytest.raises(ValueError):
+        families.parse("vllm:x{model_name=\"m\" 1\n")
