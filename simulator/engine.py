@@ -106,7 +106,8 @@ class EngineCore:
         self.prompt_len[slot] = prompt_len
         self.max_tokens[slot] = max_tokens
         # EOS ends a free-running output early; drawn up front so a seed fixes every output length
-        self.eos_at[slot] = NEVER if ignore_eos else min_tokens + self._rng.geometric(self._eos_probability)
+        free_running = not ignore_eos and self._eos_probability > 0
+        self.eos_at[slot] = min_tokens + self._rng.geometric(self._eos_probability) if free_running else NEVER
         self.num_computed[slot] = 0
         self.num_output[slot] = 0
         self.num_blocks[slot] = 0

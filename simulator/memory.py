@@ -62,12 +62,13 @@ def plan_kv_cache(
     block_bytes = block_size * profile.kv_bytes_per_token
     num_blocks = available // block_bytes
     needed_bytes = -(-max_model_len // block_size) * block_bytes
-    if needed_bytes > num_blocks * block_bytes:
+    # one block is the engine's reserved null block (as in vLLM), so a request can use num_blocks - 1
+    if needed_bytes > (num_blocks - 1) * block_bytes:
         raise ValueError(
             f"To serve at least one request with the models's max seq len ({max_model_len}), "
             f"({needed_bytes / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
             f"memory ({available / GIB:.2f} GiB). Based on the available memory, the estimated maximum model "
-            f"length is {num_blocks * block_size}. Try increasing `gpu_memory_utilization` or decreasing "
+            f"length is {max(num_blocks - 1, 0) * block_size}. Try increasing `gpu_memory_utilization` or decreasing "
             "`max_model_len` when initializing the engine."
         )
     return KvCachePlan(
