@@ -8,6 +8,7 @@ everything else is still served. Nothing is polled between scrapes.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +56,8 @@ class BatchscopeCollector(Collector):
     def __init__(self, sources: ExporterSources, changes: ChangeTracker) -> None:
         self._sources = sources
         self._changes = changes
-        self._session = requests.Session()
+        self._local = threading.local()  # one requests.Session per pool thread
+        self._parsers = {prefix: families.IncrementalParser() for prefix in ("vllm:", "batchscope_client_")}
         self._pool = ThreadPoolExecutor(max_workers=5, thread_name_prefix="scrape")
 
     def collect(self) -> Iterator[Metric]:
@@ -85,13 +87,18 @@ class BatchscopeCollector(Collector):
 
     # ----- fetching ------------------------------------------------------------------------------------
 
+    def _session(self) -> requests.Session:
+        if not hasattr(self._local, "session"):
+            self._local.session = requests.Session()
+        return self._local.session
+
     def _scrape(self, url: str, prefix: str) -> TargetScrape:
         started = time.perf_counter()
         result = TargetScrape()
         try:
-            reply = self._session.get(url, timeout=self._sources.timeout_s, headers={"Accept": "text/plain"})
+            reply = self._session().get(url, timeout=self._sources.timeout_s, headers={"Accept": "text/plain"})
             reply.raise_for_status()
-            parsed = families.parse(reply.text)
+            parsed = self._parsers[prefix].parse(reply.text)
             result.families = [family for family in parsed if family.name.startswith(prefix)]
             result.start_time_s = next((f.samples[0].value for f in parsed
                                         if f.name == "process_start_time_seconds" and f.samples), None)
@@ -104,7 +111,8 @@ class BatchscopeCollector(Collector):
     def _json(self, path: str) -> dict | None:
         headers = {"Authorization": f"Bearer {self._sources.vllm_api_key}"} if self._sources.vllm_api_key else {}
         try:
-            reply = self._session.get(self._sources.vllm_url + path, timeout=self._sources.timeout_s, headers=headers)
+            reply = self._session().get(self._sources.vllm_url + path, timeout=self._sources.timeout_s,
+                                        headers=headers)
             reply.raise_for_status()
             return reply.json()
         except (requests.RequestException, ValueError):

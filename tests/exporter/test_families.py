@@ -109,3 +109,19 @@ def test_old_itl_histogram_is_exposed_under_todays_name():
 def test_malformed_text_raises_value_error():
     with pytest.raises(ValueError):
         families.parse("vllm:x{model_name=\"m\" 1\n")
+
+
+def test_incremental_parser_reads_new_values_and_reparses_a_new_shape():
+    text = sections()["E"]
+    parser = families.IncrementalParser()
+    first = parser.parse(text)
+    moved = text.replace("} 5.0", "} 6.0").replace("} 1000.0", "} 1001.0")
+    second = parser.parse(moved)
+    assert _values(second) == _values(families.parse(moved)) != _values(first)
+    grown = moved + 'vllm:prompt_tokens_total{engine="1",model_name="Qwen/Qwen3-4B-Instruct-2507"} 7.0\n'
+    assert _values(parser.parse(grown)) == _values(families.parse(grown))
+    assert _values(parser.parse(grown.replace("} 7.0", "} NaN")))[-1][-1] != _values(families.parse(grown))[-1][-1]
+
+
+def _values(parsed) -> list[tuple]:
+    return [(s.name, tuple(sorted(s.labels.items())), s.value) for f in parsed for s in f.samples]
