@@ -19,9 +19,10 @@ test: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 
-# The main job on the embedded default: the simulator standing in for `vllm serve` at the seed's baseline.
+# The main job on the embedded default: the simulator at the seed's baseline, the exporter, and a fixed
+# streaming load whose summary is printed (and saved in out/demo).
 run: $(BIN)/.installed
-	$(BIN)/batchscope sim serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 8192
+	scripts/demo
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/sim_throughput.py
