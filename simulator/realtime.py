@@ -1,8 +1,8 @@
 """Drive the engine core in real time inside an asyncio loop and hand tokens to the waiting HTTP handlers.
 
-Each step is scheduled now, slept until its modelled end, then completed at the actual wake-up time, so any
-lag of the loop shows up in the latencies exactly as a slow engine would. The lag (actual - modelled end) is
-kept for the benchmark and for /sim/stats.
+Each step is scheduled now, slept until its end on the modelled timeline, then completed at the actual wake-up
+time, so a late wake-up shows up in the latencies as a slow engine would, without slowing the pace of the steps
+that follow. The lag (actual - modelled end) is kept for the benchmark and for /sim/stats.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections import deque
 import numpy as np
 
 from simulator.engine import REASON_LENGTH, EngineCore
+
+RESYNC_S = 0.05
 
 
 class RequestStream:
@@ -80,19 +82,27 @@ class RealtimeEngine:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         engine = self.engine
+        pace = loop.time()  # when the next step should start on the modelled timeline
         while True:
-            step = engine.schedule(loop.time())
+            now = loop.time()
+            step = engine.schedule(now)
             if step is None:
                 self._wake.clear()
                 await self._wake.wait()
+                pace = loop.time()
                 continue
-            delay = step.end - loop.time()
+            # Timers fire late (whole milliseconds, and uvloop adds the time handlers ran during the sleep). A
+            # step therefore ends on the modelled timeline, not after a full duration from a late wake-up, so the
+            # server keeps the profile's pace; a loop that falls far behind (CPU-bound) starts afresh from now.
+            start = pace if now - pace < RESYNC_S else now
+            target_end = start + (step.end - step.start)
             # sleep(0) still yields, so handlers and new arrivals get their turn between steps
-            await asyncio.sleep(max(delay, 0.0))
+            await asyncio.sleep(max(target_end - loop.time(), 0.0))
             now = loop.time()
-            self.step_lags.append(now - step.end)
+            self.step_lags.append(now - target_end)
             self._deliver(engine.complete(step, now))
             self.steps += 1
+            pace = target_end
 
     def _deliver(self, output) -> None:
         streams = self._streams
