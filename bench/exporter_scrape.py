@@ -34,8 +34,6 @@ import http.client
 import json
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
+from benchlib import (
+    REPO,
+    SetupError,
+    argument_parser,
+    core_busy_seconds,
+    free_port,
+    log_tail,
+    pinned_to,
+    proc_cpu_seconds,
+    proc_status_mb,
+    stop_process,
+    write_json,
+)
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -59,7 +70,6 @@ from prometheus_client import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: the project's packages come from the checkout
 
 from batchscope.vllm_buckets import (  # noqa: E402
@@ -73,7 +83,6 @@ from loadgen.metrics import ClientMetricsCollector, ClientStats  # noqa: E402
 from loadgen.request import RequestRecord  # noqa: E402
 
 EXPORTER_CORE, BENCH_CORE = 0, 1
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 MAX_P99_MS = 50.0
 MAX_RSS_MB = 100.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -131,10 +140,6 @@ CACHE_CONFIG = {"block_size": "16", "cache_dtype": "auto", "calculate_kv_scales"
                 "prefix_caching_hash_algo": "sha256", "sliding_window": "None", "swap_space": "4",
                 "swap_space_bytes": "4294967296"}
 HANDLERS = ("/v1/completions", "/v1/chat/completions", "/metrics", "/health", "/v1/models")
-
-
-class SetupError(RuntimeError):
-    """The stubs or the exporter did not start, or the exporter answered wrongly: no figures."""
 
 
 # ----- the upstream expositions -----------------------------------------------------------------------------
@@ -291,37 +296,7 @@ def base_url(server: ThreadingHTTPServer) -> str:
     return f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # ----- the exporter process ----------------------------------------------------------------------------------
-
-
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of a process, all its threads (fields 14 and 15 of /proc/PID/stat), seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def proc_memory_mb(pid: int, key: str) -> float:
-    """A line of /proc/PID/status (VmRSS, VmHWM), MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-    raise SetupError(f"no {key} in /proc/{pid}/status")
-
-
-def core_busy_s(core: int) -> float:
-    """Non-idle time of one CPU so far (user, nice, system, irq, softirq, steal), seconds."""
-    for line in Path("/proc/stat").read_text().splitlines():
-        name, *values = line.split()
-        if name == f"cpu{core}":
-            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, values[:8])
-            return (user + nice + system + irq + softirq + steal) / CLK_TCK
-    return 0.0
 
 
 def start_exporter(vllm_url: str, loadgen_url: str, port: int, log_path: Path) -> subprocess.Popen:
@@ -330,14 +305,7 @@ def start_exporter(vllm_url: str, loadgen_url: str, port: int, log_path: Path) -
             loadgen_url, "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "wb") as log:
         return subprocess.Popen(args, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True,
-                                preexec_fn=lambda: os.sched_setaffinity(0, {EXPORTER_CORE}))
-
-
-def log_tail(log_path: Path, size: int = 2000) -> str:
-    with contextlib.suppress(OSError):
-        return log_path.read_bytes()[-size:].decode(errors="replace")
-    return ""
+                                start_new_session=True, preexec_fn=pinned_to(EXPORTER_CORE))
 
 
 def scrape(port: int) -> tuple[float, bytes]:
@@ -366,17 +334,6 @@ def wait_ready(proc: subprocess.Popen, port: int, log_path: Path) -> None:
             return
         time.sleep(POLL_S)
     raise SetupError(f"exporter did not answer within {STARTUP_TIMEOUT_S:.0f} s:\n{log_tail(log_path)}")
-
-
-def stop_exporter(proc: subprocess.Popen) -> None:
-    """SIGTERM (a clean stop), SIGKILL if it lingers."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(STOP_TIMEOUT_S)
 
 
 # ----- measuring ---------------------------------------------------------------------------------------------
@@ -470,17 +427,18 @@ def measure(port: int, pid: int, scrapes: int, warmup: int) -> Window:
         scrape(port)
     latencies, upstream, rss, body = [], {target: [] for target in TARGETS}, 0.0, b""
     cores = (EXPORTER_CORE, BENCH_CORE)
-    busy_before = {core: core_busy_s(core) for core in cores}
-    cpu_before, bench_before, started = proc_cpu_s(pid), proc_cpu_s(os.getpid()), time.monotonic()
+    busy_before = core_busy_seconds()
+    cpu_before, bench_before, started = proc_cpu_seconds(pid), proc_cpu_seconds(os.getpid()), time.monotonic()
     for _ in range(scrapes):
         elapsed, body = scrape(port)
         latencies.append(elapsed)
         for target, seconds in target_values(body, "batchscope_scrape_duration_seconds").items():
             upstream[target].append(seconds)
-        rss = max(rss, proc_memory_mb(pid, "VmRSS"))
-    return Window(latencies_s=latencies, upstream_s=upstream, exporter_cpu_s=proc_cpu_s(pid) - cpu_before,
-                  bench_cpu_s=proc_cpu_s(os.getpid()) - bench_before, rss_mb=rss,
-                  core_busy_s={core: core_busy_s(core) - busy_before[core] for core in cores},
+        rss = max(rss, proc_status_mb(pid, "VmRSS"))
+    exporter_cpu, bench_cpu, busy = proc_cpu_seconds(pid), proc_cpu_seconds(os.getpid()), core_busy_seconds()
+    return Window(latencies_s=latencies, upstream_s=upstream, exporter_cpu_s=exporter_cpu - cpu_before,
+                  bench_cpu_s=bench_cpu - bench_before, rss_mb=rss,
+                  core_busy_s={core: busy[core] - busy_before[core] for core in cores},
                   wall_s=time.monotonic() - started, last_body=body)
 
 
@@ -524,9 +482,9 @@ def run(args: argparse.Namespace) -> Result:
                       f"{len(series_keys(client_text, 'batchscope_client_'))} client series exposed, "
                       f"batchscope_up vllm=1 loadgen=1")
             window = measure(port, proc.pid, args.scrapes, args.warmup)
-            hwm = proc_memory_mb(proc.pid, "VmHWM")
+            hwm = proc_status_mb(proc.pid, "VmHWM")
         finally:
-            stop_exporter(proc)
+            stop_process(proc, STOP_TIMEOUT_S)
             vllm_stub.shutdown()
             loadgen_stub.shutdown()
     return summarize(window, hwm, vllm_text, client_text, engines, sanity, started)
@@ -578,7 +536,7 @@ def report(result: Result) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--scrapes", type=int, default=300, help="timed scrapes (default 300)")
     parser.add_argument("--warmup", type=int, default=10, help="untimed scrapes first (default 10)")
     parser.add_argument("--series", type=int, default=2000, help="sample lines of the vLLM stub (default 2000)")
@@ -607,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         figures = asdict(result) | {"p99_pass": result.p99_ok, "rss_pass": result.rss_ok,
                                     "targets": {"p99_ms": MAX_P99_MS, "rss_mb": MAX_RSS_MB}}
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        write_json(args.json, figures)
     return 0
 
 

@@ -30,8 +30,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,12 +37,26 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 import aiohttp
 import numpy as np
 import uvloop
+from benchlib import (
+    REPO,
+    add_json_option,
+    argument_parser,
+    core_busy_seconds,
+    pinned_to,
+    proc_cpu_seconds,
+    proc_status_mb,
+    sim_serve_command,
+    sim_server_url,
+    stop_process,
+    table,
+    targets_table,
+    write_json,
+)
 
 from simulator.config import Deployment, ServeConfig
 from simulator.cost import StepCostModel
@@ -52,10 +64,7 @@ from simulator.profile import load_profile
 from simulator.virtual import poisson_workload, run_virtual
 
 SERVER_CORE, CLIENT_CORE = 0, 1
-REPO = Path(__file__).resolve().parent.parent
-PORT_LINE = re.compile(rb"Starting vLLM API server 0 on http://([0-9.]+):(\d+)")
 TOKEN_EVENT = b"data: {"  # one per token; no usage chunk is asked for
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 STARTUP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 STATS_TIMEOUT_S = 15.0
@@ -163,25 +172,24 @@ class Server:
 
     def __init__(self, spec: RunSpec, log: BinaryIO) -> None:
         self._log = log
-        args = [
-            sys.executable, "-m", "batchscope.cli", "sim", "serve", "bench-model", "--port", "0",
+        args = sim_serve_command(
             "--profile", spec.profile,
             "--max-num-seqs", str(spec.max_num_seqs),
             "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
             "--gpu-memory-utilization", str(spec.gpu_memory_utilization),
             "--max-model-len", str(spec.prompt_len + spec.max_tokens),
-        ]
+        )
         self.proc = subprocess.Popen(args, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=log, preexec_fn=lambda: os.sched_setaffinity(0, {SERVER_CORE}))
+                                     stderr=log, preexec_fn=pinned_to(SERVER_CORE))
         self.url = ""
 
     def wait_for_port(self) -> None:
         """Poll the log for the start-up line naming the port, until STARTUP_TIMEOUT_S."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
-            match = PORT_LINE.search(self._read_log())
-            if match:
-                self.url = f"http://{match[1].decode()}:{match[2].decode()}"
+            url = sim_server_url(self._read_log())
+            if url:
+                self.url = url
                 return
             if self.proc.poll() is not None:
                 break
@@ -194,24 +202,13 @@ class Server:
         return self._log.read()
 
     def cpu_seconds(self) -> float:
-        """utime + stime so far (fields 14 and 15 of /proc/PID/stat, after the parenthesised name)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return proc_cpu_seconds(self.proc.pid)
 
     def peak_rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        raise RuntimeError("no VmHWM in /proc status")
+        return proc_status_mb(self.proc.pid, "VmHWM")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(STOP_TIMEOUT_S)
+        stop_process(self.proc, STOP_TIMEOUT_S)
 
 
 @contextmanager
@@ -224,17 +221,6 @@ def serving(spec: RunSpec) -> Iterator[Server]:
             yield server
         finally:
             server.stop()
-
-
-def core_busy_seconds() -> dict[int, float]:
-    """Non-idle time of each CPU so far (user, nice, system, irq, softirq, steal) from /proc/stat."""
-    busy = {}
-    for line in Path("/proc/stat").read_text().splitlines():
-        name, *values = line.split()
-        if name.startswith("cpu") and name != "cpu":
-            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, values[:8])
-            busy[int(name[3:])] = (user + nice + system + irq + softirq + steal) / CLK_TCK
-    return busy
 
 
 # ----- the closed-loop client --------------------------------------------------------------------------
@@ -392,14 +378,6 @@ def virtual_clock() -> VirtualResult:
 # ----- report ------------------------------------------------------------------------------------------
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-    """Plain-text columns: the first left-aligned, the others right-aligned."""
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = [header, ["-" * w for w in widths], *rows]
-    return "\n".join("  ".join(cell.rjust(w) if i else cell.ljust(w)
-                               for i, (cell, w) in enumerate(zip(line, widths, strict=True))) for line in lines)
-
-
 def runs_table(results: list[RunResult]) -> str:
     header = ["run", "profile", "streams", "running+waiting", "tok/s client", "tok/s server", "server CPU",
               "client CPU", "others c0/c1", "step ms", "lag/step", "lag p50 ms", "lag p99 ms", "lag max ms",
@@ -450,8 +428,7 @@ def report(closed: list[RunResult], paced: list[RunResult], virtual: VirtualResu
         f"({virtual.steps:,} steps, {virtual.requests:,} requests, {virtual.mean_running:.0f} running on average).",
         *contention_warnings(results),
         "",
-        table(["target", "measured", "result"],
-              [[name, value, "PASS" if ok else "FAIL"] for name, value, ok in checks(closed, paced[-1], virtual)]),
+        targets_table(checks(closed, paced[-1], virtual)),
     ])
 
 
@@ -468,12 +445,12 @@ def to_json(closed: list[RunResult], paced: list[RunResult], virtual: VirtualRes
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each window")
     parser.add_argument("--duration", type=float, default=10.0, help="measurement window of each run, seconds")
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt token ids per stream")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens streamed per request")
-    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    add_json_option(parser)
     return parser.parse_args(argv)
 
 
@@ -492,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report(closed, paced, virtual, args))
     print(f"\nTook {time.perf_counter() - started:.0f} s.")
     if args.json:
-        Path(args.json).write_text(json.dumps(to_json(closed, paced, virtual), indent=2) + "\n")
+        write_json(args.json, to_json(closed, paced, virtual))
     return 0
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
+import os
 import sys
 import time
 from pathlib import Path
@@ -47,5 +47,7 @@ def run_load(args: argparse.Namespace) -> int:
         command += ["--spec-set", override]
     if args.workers:
         command += ["--processes", str(args.workers)]
-    print(f"batchscope load: {spec.load.mode} load on {args.host}, results in {out}", file=sys.stderr)
-    return subprocess.call(command)
+    print(f"batchscope load: {spec.load.mode} load on {args.host}, results in {out}", file=sys.stderr, flush=True)
+    # become Locust: signals (Ctrl-C, SIGTERM) reach it directly and no wrapper process is left behind
+    os.execv(sys.executable, command)
+    return 1  # not reached

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 RECV_SIZE = 65536
 MAX_HEADER_BYTES = 65536
+# Linux: the kernel stamps received data (CLOCK_REALTIME, ns); the socket module has no name for these
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+TIMESPEC = struct.Struct("qq")
 
 
 class ConnectFailed(OSError):
@@ -74,6 +78,8 @@ class Connection:
         self.reusable = False
         self.deadline: float | None = None  # absolute time after which any wait is a Timeout
         self.aborted = False
+        self.arrived_s = 0.0  # when the data read last arrived (the kernel's stamp where it gives one)
+        self._stamped = False
 
     @property
     def is_open(self) -> bool:
@@ -101,6 +107,8 @@ class Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if endpoint.tls:
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=endpoint.host)
+        else:
+            self._stamped = _enable_timestamps(sock)
         sock.settimeout(self.timeout_s)
         self._sock = sock
         self._buffer = b""
@@ -150,17 +158,37 @@ class Connection:
     def _fill(self) -> None:
         if self._sock is None:
             raise StreamBroken("aborted" if self.aborted else "connection closed")
-        if self.deadline is not None:
-            self._sock.settimeout(max(self.deadline - time.time(), 0.001))
+        # the socket's own timeout (timeout_s) catches a silent server; the deadline, checked after each read
+        # (setting a fresh socket timeout per read costs a timer per token), a trickling one
         try:
-            data = self._sock.recv(RECV_SIZE)
+            data = self._receive()
         except TimeoutError:
             raise Timeout(f"no response within {self.timeout_s} s") from None
         except OSError as exc:
             raise StreamBroken(f"connection error: {exc}") from None
         if not data:
             raise StreamBroken("connection closed by the server")
+        if self.deadline is not None and time.time() > self.deadline:
+            raise Timeout(f"no complete response within {self.timeout_s} s")
         self._buffer += data
+
+    def _receive(self) -> bytes:
+        """One read; ``arrived_s`` becomes the kernel's receive time of the data, not when this greenlet ran.
+
+        A busy client reads late: timing chunks by the read would add its own scheduling delay to every TTFT
+        and ITL. For TCP the kernel stamps a read with the arrival of the last segment it returns.
+        """
+        if not self._stamped:
+            data = self._sock.recv(RECV_SIZE)
+            self.arrived_s = time.time()
+            return data
+        data, ancillary, _flags, _address = self._sock.recvmsg(RECV_SIZE, 64)
+        self.arrived_s = time.time()
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= TIMESPEC.size:
+                seconds, nanoseconds = TIMESPEC.unpack_from(payload)
+                self.arrived_s = min(seconds + nanoseconds * 1e-9, self.arrived_s)
+        return data
 
     def _sized(self, remaining: int) -> Iterator[bytes]:
         while remaining > 0:
@@ -203,6 +231,14 @@ class Connection:
                 return
             yield self._buffer
             self._buffer = b""
+
+
+def _enable_timestamps(sock: socket.socket) -> bool:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        return True
+    except OSError:  # not Linux: fall back to the time of the read
+        return False
 
 
 def encode_request(endpoint: Endpoint, body: bytes, headers: dict[str, str]) -> bytes:

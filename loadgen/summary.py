@@ -1,13 +1,17 @@
 """The end-of-run summary: exact statistics from the per-request records, warm-up excluded.
 
 Definitions as `vllm bench serve`: completion throughput = completed requests / effective measurement
-duration; output tokens/s and total tokens/s over the same window; TTFT, TPOT, E2E per completed request and ITL
-pooled over every gap of every completed request; percentiles exact (numpy), not from buckets.
+duration; TTFT, TPOT, E2E per completed request and ITL pooled over every gap of every completed request;
+percentiles exact (numpy), not from buckets. Output tokens/s counts the tokens that *arrived* in the window (by
+their chunk times, whatever became of their request), so a fixed-duration run is not undercounted by the
+requests still streaming at its end; total tokens/s adds the prompts of the requests whose first token came in
+the window.
 """
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import numpy as np
@@ -30,8 +34,8 @@ class Distribution(BaseModel):
     p99: float | None = Field(description="99th percentile, seconds.")
 
     @classmethod
-    def of(cls, values: list[float]) -> Distribution:
-        if not values:
+    def of(cls, values: Sequence[float] | np.ndarray) -> Distribution:
+        if len(values) == 0:
             return cls(count=0, mean=None, p50=None, p90=None, p99=None)
         array = np.asarray(values, dtype=float)
         p50, p90, p99 = np.percentile(array, [50, 90, 99])
@@ -56,8 +60,8 @@ class Summary(BaseModel):
     failed: dict[str, int] = Field(description="Non-ok, non-aborted outcomes in the measurement window.")
     effective_duration_s: float = Field(description="Measurement window length, seconds.")
     completion_throughput_rps: float = Field(description="completed / effective_duration_s, requests/s.")
-    output_tokens_per_s: float = Field(description="Output tokens of completed requests / duration.")
-    total_tokens_per_s: float = Field(description="Prompt + output tokens of completed requests / duration.")
+    output_tokens_per_s: float = Field(description="Output tokens that arrived in the window / duration.")
+    total_tokens_per_s: float = Field(description="Those plus the prompts first answered in the window / duration.")
     ttft: Distribution = Field(description="Time to first token (from the scheduled send).")
     tpot: Distribution = Field(description="Time per output token, (E2E - TTFT) / (n - 1).")
     itl: Distribution = Field(description="Inter-token latency, every gap pooled.")
@@ -82,8 +86,9 @@ def summarize(spec: WorkloadSpec, records: list[RequestRecord], *, run_id: str, 
     for record in measured:
         if record.outcome in failed:
             failed[record.outcome] += 1
-    output = sum(r.output_tokens or 0 for r in ok)
-    prompt = sum(r.prompt_tokens or 0 for r in ok)
+    output = tokens_in_window(records, window_start, window_end)
+    prompt = sum(r.prompt_tokens or 0 for r in records
+                 if r.first_token_s is not None and window_start <= r.first_token_s <= window_end)
     lags = [r.dispatch_lag_s for r in records if r.dispatch_lag_s is not None]
     return Summary(
         run_id=run_id, host=host, started_at=datetime.fromtimestamp(start_s, UTC).isoformat(), spec=spec,
@@ -92,10 +97,25 @@ def summarize(spec: WorkloadSpec, records: list[RequestRecord], *, run_id: str, 
         completion_throughput_rps=len(ok) / duration, output_tokens_per_s=output / duration,
         total_tokens_per_s=(output + prompt) / duration,
         ttft=Distribution.of([r.ttft_s for r in ok]), tpot=Distribution.of([r.tpot_s for r in ok if r.tpot_s]),
-        itl=Distribution.of([gap for r in ok for gap in r.itl_s]), e2e=Distribution.of([r.e2e_s for r in ok]),
+        itl=Distribution.of(np.concatenate([np.asarray(r.itl_s, dtype=float) for r in ok]) if ok else []),
+        e2e=Distribution.of([r.e2e_s for r in ok]),
         peak_concurrency=peak_concurrency(records),
         dispatch_lag_p99_s=float(np.percentile(lags, 99)) if lags else None,
     )
+
+
+def tokens_in_window(records: list[RequestRecord], start: float, end: float) -> float:
+    """Output tokens whose chunk arrived within [start, end]: the first token, then one per ITL gap."""
+    total = 0.0
+    for record in records:
+        if record.first_token_s is None:
+            continue
+        events = record.first_token_s + np.concatenate(([0.0], np.cumsum(np.asarray(record.itl_s, dtype=float))))
+        inside = int(np.count_nonzero((events >= start) & (events <= end)))
+        # a server may pack several tokens in one chunk: weight by what usage says, when it says
+        per_event = record.output_tokens / events.size if record.outcome == "ok" and record.output_tokens else 1.0
+        total += inside * per_event
+    return total
 
 
 def peak_concurrency(records: list[RequestRecord]) -> int:
