@@ -17,7 +17,8 @@ import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
-RECV_SIZE = 65536
+# small reads: a client that fell behind then reads one or two events at a time, each with its own arrival stamp
+RECV_SIZE = 1024
 MAX_HEADER_BYTES = 65536
 # Linux: the kernel stamps received data (CLOCK_REALTIME, ns); the socket module has no name for these
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)

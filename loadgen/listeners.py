@@ -21,18 +21,15 @@ from locust.runners import MasterRunner, WorkerRunner
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
 from loadgen.control import RunControl
+from loadgen.locust_stats import DeferredRequestEvents
 from loadgen.metrics import ClientMetricsCollector
-from loadgen.request import RequestRecord, Target
+from loadgen.request import Target
 from loadgen.run import LoadRun
 from loadgen.spec import OfflineLoad, SpecError, WorkloadSpec, load_spec
 from loadgen.summary import print_summary
 
 log = logging.getLogger("batchscope.loadgen")
 DEFAULT_METRICS_PORT = 9646
-
-
-class OutcomeError(Exception):
-    """Carries a failed request's outcome into Locust's failure table."""
 
 
 @events.init_command_line_parser.add_listener
@@ -61,32 +58,11 @@ def sender(environment: Environment) -> LoadRun:
         runner = environment.runner
         is_worker = isinstance(runner, WorkerRunner)
         workers = max(1, int(getattr(options, "expect_workers", 1) or 1)) if is_worker else 1
+        events = DeferredRequestEvents(environment, spec.scenario)
         run = LoadRun(spec, Target.from_json(options.batchscope_target),
-                      worker_index=runner.worker_index if is_worker else 0, workers=workers,
-                      on_record=lambda record: fire_request_events(environment, spec, record))
-        environment.batchscope_run = run
+                      worker_index=runner.worker_index if is_worker else 0, workers=workers, on_record=events.add)
+        environment.batchscope_run, environment.batchscope_events = run, events
     return run
-
-
-def fire_request_events(environment: Environment, spec: WorkloadSpec, record: RequestRecord) -> None:
-    """Show each client metric in Locust's stats under its own name (ms, as Locust wants)."""
-    fire = environment.events.request.fire
-    name = spec.scenario
-    context = {"output_tokens": record.output_tokens, "request_id": record.request_id}
-    total = ((record.end_s or record.scheduled_s) - record.scheduled_s) * 1000
-    if record.outcome != "ok":
-        fire(request_type="REQUEST", name=name, response_time=total, response_length=0, context=context,
-             exception=OutcomeError(record.outcome if record.status in (None, 200) else f"http {record.status}"))
-        return
-    fire(request_type="REQUEST", name=name, response_time=total, response_length=0, context=context, exception=None)
-    for metric, value in (("TTFT", record.ttft_s), ("TPOT", record.tpot_s), ("E2E", record.e2e_s)):
-        if value is not None:
-            fire(request_type=metric, name=name, response_time=value * 1000, response_length=0, context=context,
-                 exception=None)
-    # one request event per gap would cost a seventh of the client's CPU: log the gaps into the stats directly
-    log_request = environment.stats.log_request
-    for gap in record.itl_s:
-        log_request("ITL", name, gap * 1000, 0)
 
 
 # ----- controller ------------------------------------------------------------------------------------------
@@ -107,6 +83,7 @@ def _new_control(environment: Environment) -> RunControl:
     else:
         def stop() -> None:
             sender(environment).stop_now()
+            environment.batchscope_events.flush()
             pull(final=True)
 
         def pull(final: bool = False) -> None:
@@ -209,6 +186,7 @@ def _stop_worker(environment: Environment) -> None:
     if run is None:
         return
     run.stop_now()
+    environment.batchscope_events.flush()  # Locust's own final report carries them to the master
     environment.runner.send_message("batchscope_final", run.report(final=True))
 
 
