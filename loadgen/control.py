@@ -75,11 +75,13 @@ class RunControl:
     # ----- reports -------------------------------------------------------------------------------------
 
     def accept(self, record: RequestRecord) -> None:
-        record.itl_s = array("d", record.itl_s)  # 8 bytes a gap instead of a float object and a pointer
-        self.stats.observe(record)
-        self.records.append(record)
         if self._records_file is not None:
             self._records_file.write(record.to_json() + "\n")
+        self.stats.observe(record)
+        # kept for exact percentiles at the end: 4 bytes a gap (float32: sub-µs at these magnitudes) instead of
+        # a float object and a list slot, so a long local run grows by ~1 MB per 250k streamed tokens
+        record.itl_s = array("f", record.itl_s)
+        self.records.append(record)
 
     def merge_report(self, sender: str, report: dict) -> None:
         """A sender's delta: its new records and its cumulative counters."""
