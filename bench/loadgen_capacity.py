@@ -17,10 +17,12 @@ runs alone on core 0 for the whole benchmark; every client runs on core 1, one a
 2. Bias against the ground truth, from the same runs: records joined with the server's log by request id;
    TTFT bias = client (first token - send) - server (first token - arrival), E2E bias likewise, split into
    send -> arrival and server first write -> client first read. Target: TTFT bias p99 <= 2 ms at 256 streams.
-   The reference's bias is the floor any client pays on this machine. A closed loop with a fixed output length
-   runs in lockstep (all streams end and restart together), so each TTFT is taken in a burst of N sends and
-   N first tokens; a second pair of runs at the same request rate with Poisson arrivals shows the bias
-   without bursts (`--no-poisson` skips them).
+   The reference's bias is the floor any client pays on this machine. Both clients start their closed-loop
+   users evenly over `--ramp-s` (about one request's duration; the load generator's `ramp_up_s`): started at
+   once, a closed loop with a fixed output length runs in lockstep (all streams end and restart together),
+   and each TTFT is then taken in a burst of N sends that the server itself queues (`--ramp-s 0` shows it).
+   A second pair of runs at the same request rate with Poisson arrivals shows the bias of an open loop
+   (`--no-poisson` skips them).
 3. Memory: `batchscope load` with 1,000 closed-loop streams of long outputs; the Locust process's VmRSS is
    sampled while all 1,000 are in flight (client /metrics and the server's running + waiting both say so),
    and its VmHWM read at the end. Target: <= 250 MB. The RSS growth per streamed token over the capacity
@@ -408,6 +410,7 @@ def reference_child_main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=float, required=True)
     parser.add_argument("--duration", type=float, required=True)
     parser.add_argument("--timings", required=True, help="where to write per-request timings (JSON)")
+    parser.add_argument("--ramp-s", type=float, default=0.0, help="start the closed-loop users over this time")
     args = parser.parse_args(argv)
     return asyncio.run(reference_run(args))
 
@@ -451,8 +454,9 @@ class ReferenceLoad:
         self.errors += count != self.expected
         return count == self.expected
 
-    async def user(self, index: int) -> None:
-        """Closed loop: request after request until cancelled."""
+    async def user(self, index: int, start_delay: float) -> None:
+        """Closed loop: request after request until cancelled (started after ``start_delay``, as ramped)."""
+        await asyncio.sleep(start_delay)
         for sequence in range(10**9):
             ok = await self.one(f"ref{index}-{sequence}")
             if sequence == 0 and ok:
@@ -489,7 +493,7 @@ async def reference_run(args: argparse.Namespace) -> int:
         if args.rate:
             tasks = [asyncio.create_task(load.arrivals(args.rate))]
         else:
-            tasks = [asyncio.create_task(load.user(i)) for i in range(args.streams)]
+            tasks = [asyncio.create_task(load.user(i, i * args.ramp_s / args.streams)) for i in range(args.streams)]
         try:
             deadline = time.monotonic() + RAMP_TIMEOUT_S
             while not load.ready(args) and time.monotonic() < deadline:
@@ -533,7 +537,8 @@ def measure_reference(server: Server, args: argparse.Namespace, workdir: Path, l
     body_path.write_bytes(request_body(server, args.input_tokens, args.output_tokens))
     command = [sys.executable, str(Path(__file__).resolve()), "_reference", "--url", server.url, "--body",
                str(body_path), "--streams", str(load.streams), "--rate", str(load.rate or 0), "--warmup",
-               str(warmup), "--duration", str(args.duration), "--timings", str(timings_path)]
+               str(warmup), "--duration", str(args.duration), "--timings", str(timings_path),
+               "--ramp-s", str(args.ramp_s)]
     progress(f"aiohttp reference, {load.label}, run {run}: warm-up {warmup:.0f} s + {args.duration:g} s")
     child = Child(f"reference client ({load.label})", command, CLIENT_CORE, workdir / f"{name}.log",
                   pipe_stdout=True)
@@ -617,7 +622,7 @@ def tokens_in_window(records: list[dict], start: float, end: float) -> tuple[int
 
 
 def loadgen_spec(args: argparse.Namespace, load: Load, warmup: float, tail: float) -> dict:
-    mode = ({"mode": "concurrency", "concurrency": load.streams} if load.rate is None else
+    mode = ({"mode": "concurrency", "concurrency": load.streams, "ramp_up_s": args.ramp_s} if load.rate is None else
             {"mode": "poisson", "rate": load.rate, "max_in_flight": 4 * load.streams})
     return {"input_tokens": args.input_tokens, "output_tokens": args.output_tokens, "warmup_s": warmup,
             "duration_s": args.duration + tail, "timeout_s": 120, "load": mode}
@@ -942,9 +947,9 @@ def report(results: Results, args: argparse.Namespace) -> str:
         bias_table(biases),
         f"burst: most server arrivals within {BURST_S * 1e3:g} ms. send->arrival: server arrival - client send. "
         "1st-token read: client first token - server first token written.",
-        "Closed loop: a fixed output length keeps streams in lockstep, so TTFTs are taken in bursts of sends and "
-        "first tokens. Poisson: the reference's closed-loop request rate, arrivals spread (fewer in flight: the "
-        "server's steps are shorter with fewer streams).",
+        f"Closed loop: users started over {args.ramp_s:g} s (0: at once, in lockstep: TTFTs taken in bursts of "
+        "sends the server queues). Poisson: the reference's closed-loop request rate, arrivals spread (fewer in "
+        "flight: the server's steps are shorter with fewer streams).",
         "",
         *notes(results),
         "",
@@ -972,6 +977,9 @@ def to_json(results: Results) -> dict:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argument_parser(__doc__)
     parser.add_argument("--streams", type=int, default=256, help="closed-loop streams of the capacity runs")
+    parser.add_argument("--ramp-s", type=float, default=1.5,
+                        help="start the closed-loop users evenly over this time (about one request's duration), "
+                        "so that they don't run in lockstep; 0: all at once")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each window")
     parser.add_argument("--duration", type=float, default=15.0, help="measurement window, seconds")
     parser.add_argument("--input-tokens", type=int, default=32, help="prompt length, token ids")

@@ -118,6 +118,8 @@ def tick(environment: Environment, closed_user: type, open_user: type) -> tuple 
         return None
     load = ctl.spec.load
     if load.mode == "concurrency":
+        # all users at once; each delays its first request (LoadRun.start_delay): Locust's spawn rate acts in
+        # whole-second batches, too coarse to spread users over a request's duration
         return load.concurrency, load.concurrency, [closed_user]
     senders = environment.runner.worker_count if isinstance(environment.runner, MasterRunner) else 1
     return senders, senders, [open_user]

@@ -23,6 +23,9 @@ class StreamingUser(User):
 
     connections = None
 
+    def on_start(self) -> None:
+        gevent.sleep(listeners.sender(self.environment).start_delay())  # the spec's ramp_up_s
+
     @task
     def generate(self) -> None:
         run = listeners.sender(self.environment)

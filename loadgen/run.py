@@ -19,7 +19,7 @@ import numpy as np
 
 from loadgen.http import Connection, ConnectionPool
 from loadgen.request import RequestRecord, Target, measure
-from loadgen.spec import OfflineLoad, PoissonLoad, WorkloadSpec
+from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
 
 
 def arrival_times(spec: WorkloadSpec, start: float, worker_index: int, workers: int) -> Iterator[float]:
@@ -65,6 +65,7 @@ class LoadRun:
         self._outbox: list[RequestRecord] = []
         self._on_record = on_record
         self._sequence = itertools.count()
+        self._users = itertools.count()
         self._active: dict[str, tuple[RequestRecord, Connection]] = {}
         self._aborted: set[str] = set()
         self._idle = gevent.event.Event()
@@ -75,6 +76,14 @@ class LoadRun:
     @property
     def in_flight(self) -> int:
         return len(self._active)
+
+    def start_delay(self) -> float:
+        """How long the next closed-loop user of this process waits before its first request (ramp-up)."""
+        load = self.spec.load
+        if not isinstance(load, ConcurrencyLoad) or not load.ramp_up_s:
+            return 0.0
+        local_users = -(-load.concurrency // self.workers)
+        return next(self._users) % local_users * load.ramp_up_s / local_users
 
     def run_one(self, pool: ConnectionPool, scheduled_s: float) -> RequestRecord:
         """Send one request scheduled at ``scheduled_s`` and deliver its record, whatever happens."""

@@ -22,6 +22,9 @@ class ConcurrencyLoad(BaseModel):
     model_config = ConfigDict(extra="forbid")
     mode: Literal["concurrency"] = "concurrency"
     concurrency: int = Field(gt=0, description="Requests in flight at all times (one per user).")
+    ramp_up_s: float = Field(
+        0.0, ge=0, description="Start the users evenly over this many seconds (0: all at once). Users started "
+        "together with equal lengths stay in lockstep: every request then arrives in one burst.")
 
 
 class PoissonLoad(BaseModel):
