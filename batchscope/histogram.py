@@ -1,4 +1,4 @@
-"""Classic cumulative-bucket histograms kept as count arrays: cheap to fill in bulk, to merge and to expose."""
+"""Classic cumulative-bucket histograms kept as count arrays: cheap to fill in bulk and to expose."""
 
 from __future__ import annotations
 
@@ -41,11 +41,6 @@ class Histogram:
         pairs = [(repr(b), float(c)) for b, c in zip(self.bounds, running[:-1], strict=True)]
         pairs.append(("+Inf", float(running[-1])))
         return pairs
-
-    def merge(self, counts: list[int], total: float) -> None:
-        """Add another histogram's per-bucket counts (same bounds) and sum, e.g. a worker's delta."""
-        self.counts += np.asarray(counts, dtype=np.int64)
-        self.sum += total
 
 
 def merged_bounds(*bucket_lists: tuple[float, ...]) -> tuple[float, ...]:

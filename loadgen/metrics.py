@@ -1,4 +1,5 @@
-"""Client-side metrics: mergeable accumulators (workers send deltas, the master adds them) and their collector.
+"""Client-side metrics: accumulators fed with every finished request (on the master, every worker's) and their
+collector.
 
 Histogram boundaries are vLLM's for the same quantity plus finer low-latency ones, so the client and server
 views can be compared quantile for quantile. Names: ``batchscope_client_<what>_<unit>``; labels ``run_id`` and
@@ -44,7 +45,7 @@ HISTOGRAMS = {
 
 
 class ClientStats:
-    """Counts for one process (or, on the master, the sum over workers)."""
+    """Counts over the requests the controller has received (on a master: from every worker)."""
 
     def __init__(self) -> None:
         self.histograms = {name: Histogram(bounds) for name, (_, _, bounds) in HISTOGRAMS.items()}
@@ -68,25 +69,6 @@ class ClientStats:
             if value is not None:
                 self.histograms[name].observe(value)
         self.histograms["itl"].observe_many(np.asarray(record.itl_s, dtype=float))
-
-    def to_delta(self) -> dict:
-        """Everything counted so far, as plain data; the caller resets with a fresh ClientStats."""
-        return {
-            "histograms": {n: (h.counts.tolist(), h.sum) for n, h in self.histograms.items()},
-            "outcomes": dict(self.outcomes), "started": self.started, "refused": self.refused,
-            "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
-        }
-
-    def merge(self, delta: dict) -> None:
-        """Add a worker's delta."""
-        for name, (counts, total) in delta["histograms"].items():
-            self.histograms[name].merge(counts, total)
-        for outcome, count in delta["outcomes"].items():
-            self.outcomes[outcome] += count
-        self.started += delta["started"]
-        self.refused += delta["refused"]
-        self.prompt_tokens += delta["prompt_tokens"]
-        self.output_tokens += delta["output_tokens"]
 
     @property
     def finished(self) -> int:
