@@ -192,6 +192,7 @@ class Connection:
         return data
 
     def _sized(self, remaining: int) -> Iterator[bytes]:
+        """The next ``remaining`` bytes, in pieces as they arrive."""
         while remaining > 0:
             if not self._buffer:
                 self._fill()
@@ -210,13 +211,7 @@ class Connection:
                     self._fill()
                 self._buffer = self._buffer.split(b"\r\n", 1)[1]
                 return
-            # hand out what is here now: a chunk may span several recv() calls
-            while size > 0:
-                if not self._buffer:
-                    self._fill()
-                piece, self._buffer = self._buffer[:size], self._buffer[size:]
-                size -= len(piece)
-                yield piece
+            yield from self._sized(size)  # what is here now: a chunk may span several reads
             while len(self._buffer) < 2:
                 self._fill()
             self._buffer = self._buffer[2:]  # CRLF after the chunk data

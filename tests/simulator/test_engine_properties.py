@@ -30,6 +30,7 @@ from simulator.engine import (
     SchedulerLimits,
 )
 from simulator.profile import load_profile
+from simulator.virtual import RequestSpec
 
 TINY_COST = StepCostModel(load_profile("tiny"))
 MAX_STEPS = 40_000
@@ -44,15 +45,6 @@ SETTINGS = settings(
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-@dataclass(frozen=True)
-class Req:
-    arrival: float
-    prompt: int
-    max_tokens: int
-    ignore_eos: bool = True
-    min_tokens: int = 0
 
 
 @dataclass
@@ -106,7 +98,8 @@ def check_blocks(engine: EngineCore) -> None:
 
 
 def drive(
-    engine: EngineCore, reqs: list[Req], abort_prob: float = 0.0, abort_seed: int = 0, max_steps: int = MAX_STEPS
+    engine: EngineCore, reqs: list[RequestSpec], abort_prob: float = 0.0, abort_seed: int = 0,
+    max_steps: int = MAX_STEPS,
 ) -> Trace:
     """Run ``reqs`` to completion on a virtual clock, checking the scheduler's invariants at every step."""
     lim = engine.limits
@@ -149,7 +142,7 @@ def drive(
         while nxt < len(order) and reqs[order[nxt]].arrival <= now:
             i = order[nxt]
             r = reqs[i]
-            slot = engine.add_request(r.arrival, r.prompt, r.max_tokens, r.ignore_eos, r.min_tokens)
+            slot = engine.add_request(r.arrival, r.prompt_len, r.max_tokens, r.ignore_eos, r.min_tokens)
             assert slot not in live
             assert engine.state[slot] == WAITING
             live[slot] = i
@@ -282,7 +275,7 @@ def drive(
             assert engine.num_computed[s] == engine.prompt_len[s] + fate.outputs - 1
             if fate.outputs == 1:
                 trace.first_tokens += 1
-                step_prompt_of_first += reqs[live[s]].prompt
+                step_prompt_of_first += reqs[live[s]].prompt_len
                 trace.ttft_sum += now - reqs[live[s]].arrival
                 fate.first_token = now
             else:
@@ -318,7 +311,7 @@ def drive(
     raise AssertionError(f"the engine did not finish within {max_steps} steps")
 
 
-def check_outcome(engine: EngineCore, reqs: list[Req], trace: Trace) -> None:
+def check_outcome(engine: EngineCore, reqs: list[RequestSpec], trace: Trace) -> None:
     """Every request ended properly, and EngineStats agrees with the events the driver saw."""
     stats = engine.stats
     assert engine.num_running == 0 and engine.num_waiting == 0
@@ -336,12 +329,12 @@ def check_outcome(engine: EngineCore, reqs: list[Req], trace: Trace) -> None:
             if f.reason == REASON_STOP:
                 assert f.outputs > r.min_tokens, "EOS is suppressed for the first min_tokens tokens"
         # recompute: every computed token is accounted for, the lost ones exactly once more
-        assert f.computed == r.prompt + f.outputs - 1 + f.lost
+        assert f.computed == r.prompt_len + f.outputs - 1 + f.lost
         assert (f.lost > 0) == (f.preemptions > 0)
     for r, f in zip(reqs, trace.fates, strict=True):
         if f.status == "aborted":
             assert f.outputs <= r.max_tokens
-    minimal = sum(r.prompt + f.outputs - 1 for r, f in finished)
+    minimal = sum(r.prompt_len + f.outputs - 1 for r, f in finished)
     assert trace.tokens_computed >= minimal
     if any(f.preemptions for _, f in finished):
         assert trace.tokens_computed > minimal
@@ -353,7 +346,7 @@ def check_outcome(engine: EngineCore, reqs: list[Req], trace: Trace) -> None:
     assert stats.request_success["length"] == trace.finish_counts[REASON_LENGTH]
     assert stats.request_success["stop"] == trace.finish_counts[REASON_STOP]
     assert stats.request_success["abort"] == trace.aborts == len(aborted)
-    firsts = [r.prompt for r, f in zip(reqs, trace.fates, strict=True) if f.outputs > 0]
+    firsts = [r.prompt_len for r, f in zip(reqs, trace.fates, strict=True) if f.outputs > 0]
     assert stats.prompt_tokens == trace.prompt_of_first == sum(firsts)
     # histograms
     assert stats.time_to_first_token.count == trace.first_tokens == len(firsts)
@@ -369,7 +362,7 @@ def check_outcome(engine: EngineCore, reqs: list[Req], trace: Trace) -> None:
     assert stats.request_prefill_time.sum == pytest.approx(sum(f.first_token - f.first_scheduled for _, f in finished))
     assert stats.request_decode_time.sum == pytest.approx(sum(f.last_token - f.first_token for _, f in finished))
     assert stats.request_generation_tokens.sum == sum(f.outputs for _, f in finished)
-    assert stats.request_prompt_tokens.sum == sum(r.prompt for r, _ in finished)
+    assert stats.request_prompt_tokens.sum == sum(r.prompt_len for r, _ in finished)
     assert stats.request_params_max_tokens.sum == sum(r.max_tokens for r, _ in finished)
 
 
@@ -379,7 +372,7 @@ def check_outcome(engine: EngineCore, reqs: list[Req], trace: Trace) -> None:
 @dataclass(frozen=True)
 class Scenario:
     limits: SchedulerLimits
-    reqs: list[Req]
+    reqs: list[RequestSpec]
     eos_probability: float
     engine_seed: int
     abort_prob: float
@@ -402,8 +395,8 @@ def scenarios(draw, free_running: bool = False, aborts: bool = True, max_request
         max_tokens = draw(st.integers(1, 40))
         ignore_eos = draw(st.booleans()) if free_running else True
         min_tokens = draw(st.integers(0, max_tokens)) if free_running else 0
-        reqs.append(Req(t, prompt, max_tokens, ignore_eos, min_tokens))
-    longest = max(r.prompt + r.max_tokens for r in reqs)
+        reqs.append(RequestSpec(t, prompt, max_tokens, ignore_eos, min_tokens))
+    longest = max(r.prompt_len + r.max_tokens for r in reqs)
     # the pool always holds the longest request (plus vLLM's null block), and often little more,
     # so that concurrent requests run out of blocks and preempt each other
     one = ceil_div(longest, block_size)
@@ -472,7 +465,7 @@ def test_preempted_requests_recompute_and_still_finish() -> None:
         max_num_seqs=8, max_num_batched_tokens=512, max_model_len=128, block_size=16, num_gpu_blocks=17
     )
     engine = EngineCore(limits, TINY_COST, 0.01)
-    reqs = [Req(0.0, 64, 64) for _ in range(8)]
+    reqs = [RequestSpec(0.0, 64, 64) for _ in range(8)]
     trace = drive(engine, reqs)
     check_outcome(engine, reqs, trace)
     assert engine.stats.num_preemptions > 0
@@ -517,7 +510,7 @@ def test_eos_draws_follow_the_per_token_probability() -> None:
         max_num_seqs=256, max_num_batched_tokens=4096, max_model_len=512, block_size=16, num_gpu_blocks=10_000
     )
     engine = EngineCore(limits, TINY_COST, p, seed=3)
-    reqs = [Req(0.0, 8, 400, ignore_eos=False, min_tokens=min_tokens) for _ in range(2000)]
+    reqs = [RequestSpec(0.0, 8, 400, ignore_eos=False, min_tokens=min_tokens) for _ in range(2000)]
     trace = drive(engine, reqs)
     check_outcome(engine, reqs, trace)
     outputs = np.array([f.outputs for f in trace.fates])
@@ -535,7 +528,7 @@ def test_zero_eos_probability_means_outputs_run_to_max_tokens() -> None:
         max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64, block_size=16, num_gpu_blocks=8
     )
     engine = EngineCore(limits, TINY_COST, eos_probability=0.0)
-    reqs = [Req(0.0, 10, 20, ignore_eos=False)]
+    reqs = [RequestSpec(0.0, 10, 20, ignore_eos=False)]
     trace = drive(engine, reqs)
     assert trace.fates[0].outputs == 20 and trace.fates[0].reason == REASON_LENGTH
 
