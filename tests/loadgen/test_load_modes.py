@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 BASE = {"input_tokens": 200, "output_tokens": 40, "timeout_s": 30, "seed": 3}
 MODES = {
-    "concurrency": {"warmup_s": 1, "duration_s": 5, "load": {"mode": "concurrency", "concurrency": 4}},
+    "concurrency": {"warmup_s": 1, "duration_s": 8, "load": {"mode": "concurrency", "concurrency": 4}},
     "poisson": {"warmup_s": 1, "duration_s": 5, "load": {"mode": "poisson", "rate": 20}},
     "offline": {"load": {"mode": "offline", "requests": 60}},
 }
