@@ -145,16 +145,17 @@ class Connection:
         return status, headers
 
     def body(self, headers: dict[str, str]) -> Iterator[bytes]:
-        """The response body as it arrives; leaves the connection reusable when it ends cleanly."""
+        """The response body as it arrives; leaves the connection reusable when it ends cleanly.
+
+        Returns the decoding generator itself rather than wrapping it: every token passes through here.
+        """
         self.reusable = False
+        keep_alive = headers.get("connection", "").lower() != "close"
         if headers.get("transfer-encoding", "").lower() == "chunked":
-            yield from self._chunked()
-        elif "content-length" in headers:
-            yield from self._sized(int(headers["content-length"]))
-        else:
-            yield from self._until_close()
-            return
-        self.reusable = headers.get("connection", "").lower() != "close"
+            return self._chunked(keep_alive)
+        if "content-length" in headers:
+            return self._sized(int(headers["content-length"]), keep_alive)
+        return self._until_close()
 
     def _fill(self) -> None:
         if self._sock is None:
@@ -191,16 +192,18 @@ class Connection:
                 self.arrived_s = min(seconds + nanoseconds * 1e-9, self.arrived_s)
         return data
 
-    def _sized(self, remaining: int) -> Iterator[bytes]:
-        """The next ``remaining`` bytes, in pieces as they arrive."""
+    def _sized(self, remaining: int, keep_alive: bool | None = None) -> Iterator[bytes]:
+        """The next ``remaining`` bytes, in pieces as they arrive (a whole body when ``keep_alive`` is given)."""
         while remaining > 0:
             if not self._buffer:
                 self._fill()
             piece, self._buffer = self._buffer[:remaining], self._buffer[remaining:]
             remaining -= len(piece)
             yield piece
+        if keep_alive is not None:
+            self.reusable = keep_alive
 
-    def _chunked(self) -> Iterator[bytes]:
+    def _chunked(self, keep_alive: bool) -> Iterator[bytes]:
         while True:
             while b"\r\n" not in self._buffer:
                 self._fill()
@@ -210,8 +213,13 @@ class Connection:
                 while b"\r\n" not in self._buffer:  # trailers are not used by the servers we target
                     self._fill()
                 self._buffer = self._buffer.split(b"\r\n", 1)[1]
+                self.reusable = keep_alive
                 return
-            yield from self._sized(size)  # what is here now: a chunk may span several reads
+            if len(self._buffer) >= size:  # the usual case: the whole chunk is already here
+                piece, self._buffer = self._buffer[:size], self._buffer[size:]
+                yield piece
+            else:
+                yield from self._sized(size)  # what is here now: a chunk may span several reads
             while len(self._buffer) < 2:
                 self._fill()
             self._buffer = self._buffer[2:]  # CRLF after the chunk data
