@@ -17,8 +17,10 @@ import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
-# small reads: a client that fell behind then reads one or two events at a time, each with its own arrival stamp
-RECV_SIZE = 1024
+RECV_SIZE = 65536
+# Reads of a streamed body ask for about one chunk (the size of the last one): a client that fell behind then
+# reads one event per read, each with its own arrival stamp, instead of several stamped with the last one's.
+HEAD_READ = 256
 MAX_HEADER_BYTES = 65536
 # Linux: the kernel stamps received data (CLOCK_REALTIME, ns); the socket module has no name for these
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
@@ -80,6 +82,7 @@ class Connection:
         self.deadline: float | None = None  # absolute time after which any wait is a Timeout
         self.aborted = False
         self.arrived_s = 0.0  # when the data read last arrived (the kernel's stamp where it gives one)
+        self._frame_hint = HEAD_READ  # bytes of the last chunk frame: what the next read asks for
         self._stamped = False
 
     @property
@@ -131,7 +134,7 @@ class Connection:
         while b"\r\n\r\n" not in self._buffer:
             if len(self._buffer) > MAX_HEADER_BYTES:
                 raise StreamBroken("response headers too large")
-            self._fill()
+            self._fill(HEAD_READ)
         head, self._buffer = self._buffer.split(b"\r\n\r\n", 1)
         status_line, *lines = head.decode("latin-1").split("\r\n")
         try:
@@ -157,13 +160,14 @@ class Connection:
             return self._sized(int(headers["content-length"]), keep_alive)
         return self._until_close()
 
-    def _fill(self) -> None:
+    def _fill(self, want: int = RECV_SIZE) -> None:
+        """Read at most ``want`` bytes (at least one) into the buffer."""
         if self._sock is None:
             raise StreamBroken("aborted" if self.aborted else "connection closed")
         # the socket's own timeout (timeout_s) catches a silent server; the deadline, checked after each read
         # (setting a fresh socket timeout per read costs a timer per token), a trickling one
         try:
-            data = self._receive()
+            data = self._receive(min(max(want, 1), RECV_SIZE))
         except TimeoutError:
             raise Timeout(f"no response within {self.timeout_s} s") from None
         except OSError as exc:
@@ -174,17 +178,17 @@ class Connection:
             raise Timeout(f"no complete response within {self.timeout_s} s")
         self._buffer += data
 
-    def _receive(self) -> bytes:
+    def _receive(self, size: int) -> bytes:
         """One read; ``arrived_s`` becomes the kernel's receive time of the data, not when this greenlet ran.
 
         A busy client reads late: timing chunks by the read would add its own scheduling delay to every TTFT
         and ITL. For TCP the kernel stamps a read with the arrival of the last segment it returns.
         """
         if not self._stamped:
-            data = self._sock.recv(RECV_SIZE)
+            data = self._sock.recv(size)
             self.arrived_s = time.time()
             return data
-        data, ancillary, _flags, _address = self._sock.recvmsg(RECV_SIZE, 64)
+        data, ancillary, _flags, _address = self._sock.recvmsg(size, 64)
         self.arrived_s = time.time()
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= TIMESPEC.size:
@@ -196,7 +200,7 @@ class Connection:
         """The next ``remaining`` bytes, in pieces as they arrive (a whole body when ``keep_alive`` is given)."""
         while remaining > 0:
             if not self._buffer:
-                self._fill()
+                self._fill(remaining + 2)  # a chunk's data is followed by CRLF
             piece, self._buffer = self._buffer[:remaining], self._buffer[remaining:]
             remaining -= len(piece)
             yield piece
@@ -206,7 +210,7 @@ class Connection:
     def _chunked(self, keep_alive: bool) -> Iterator[bytes]:
         while True:
             while b"\r\n" not in self._buffer:
-                self._fill()
+                self._fill(self._frame_hint)
             size_line, self._buffer = self._buffer.split(b"\r\n", 1)
             size = int(size_line.split(b";", 1)[0], 16)
             if size == 0:
@@ -221,8 +225,9 @@ class Connection:
             else:
                 yield from self._sized(size)  # what is here now: a chunk may span several reads
             while len(self._buffer) < 2:
-                self._fill()
+                self._fill(2 - len(self._buffer))
             self._buffer = self._buffer[2:]  # CRLF after the chunk data
+            self._frame_hint = len(size_line) + size + 4
 
     def _until_close(self) -> Iterator[bytes]:
         if self._buffer:

@@ -59,7 +59,7 @@ def sender(environment: Environment) -> LoadRun:
         is_worker = isinstance(runner, WorkerRunner)
         workers = max(1, int(getattr(options, "expect_workers", 1) or 1)) if is_worker else 1
         events = DeferredRequestEvents(environment, spec.scenario)
-        run = LoadRun(spec, Target.from_json(options.batchscope_target),
+        run = LoadRun(spec, Target.from_json(options.batchscope_target), run_id=options.run_id,
                       worker_index=runner.worker_index if is_worker else 0, workers=workers, on_record=events.add)
         environment.batchscope_run, environment.batchscope_events = run, events
     return run
@@ -150,6 +150,7 @@ def on_init(environment: Environment, runner, web_ui=None, **_kwargs) -> None:
         return
     options.batchscope_spec = spec.model_dump_json()  # custom options travel to workers with each spawn
     environment.batchscope_control = _new_control(environment)
+    options.run_id = environment.batchscope_control.run_id  # travels to workers: request ids name their run
     # Locust installs its own SIGTERM handler only after a headless run's shape ends; until then end cleanly
     gevent.signal_handler(signal.SIGTERM, lambda: gevent.spawn(_end_on_signal, environment))
     if isinstance(runner, MasterRunner):

@@ -56,9 +56,10 @@ def _sleep_until(moment: float) -> None:
 class LoadRun:
     """Per-process sender state: target, counters, in-flight set, and where finished records go."""
 
-    def __init__(self, spec: WorkloadSpec, target: Target, worker_index: int, workers: int,
+    def __init__(self, spec: WorkloadSpec, target: Target, run_id: str, worker_index: int, workers: int,
                  on_record: Callable[[RequestRecord], None]) -> None:
         self.spec = spec
+        self.run_id = run_id
         self.target = target
         self.worker_index = worker_index
         self.workers = workers
@@ -87,7 +88,9 @@ class LoadRun:
 
     def run_one(self, pool: ConnectionPool, scheduled_s: float) -> RequestRecord:
         """Send one request scheduled at ``scheduled_s`` and deliver its record, whatever happens."""
-        record = RequestRecord(request_id=f"w{self.worker_index}-{next(self._sequence)}", worker=self.worker_index,
+        # unique across runs too: records of several runs can be matched against one server's log
+        record = RequestRecord(request_id=f"{self.run_id}-w{self.worker_index}-{next(self._sequence)}",
+                               worker=self.worker_index,
                                scheduled_s=scheduled_s)
         self.started += 1
         connection = pool.acquire()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -18,20 +19,29 @@ RESYNC_S = 0.05
 
 
 class RequestStream:
-    """Tokens of one request as the engine produces them; the HTTP handler awaits and drains it."""
+    """Tokens of one request as the engine produces them.
 
-    __slots__ = ("slot", "produced", "finish_reason", "_event")
+    Either the HTTP handler awaits and drains it, or it sets ``sink``: a plain function the engine loop calls
+    with each step's result. Streaming responses use a sink that writes the events straight to the socket, so a
+    step costs one write per stream and no task switch.
+    """
+
+    __slots__ = ("slot", "produced", "finish_reason", "sink", "_event")
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
         self.produced = 0  # output tokens produced so far
         self.finish_reason: str | None = None
+        self.sink: Callable[[int, str | None], None] | None = None
         self._event = asyncio.Event()
 
     def _push(self, produced: int, finish_reason: str | None) -> None:
         self.produced = produced
         self.finish_reason = finish_reason
-        self._event.set()
+        if self.sink is not None:
+            self.sink(produced, finish_reason)
+        else:
+            self._event.set()
 
     async def wait(self) -> None:
         """Until something new was produced since the last wait."""

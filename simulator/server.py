@@ -278,27 +278,18 @@ class SimulatorServer:
 
     async def _stream(self, request, gen, stream: RequestStream, request_id, seed, cut, timing) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        if request.version >= (1, 1):
+            response.enable_chunked_encoding()
         await response.prepare(request)
-        sse = SseFormatter(gen.chat, request_id, int(timing.arrival), self.config.name)
-        sent = 0
-        cut_after = max(gen.max_tokens // 2, 1) if cut else None
-        while not stream.finished:
-            await stream.wait()
-            produced, reason = stream.produced, stream.finish_reason
-            pieces = [sse.role_chunk] if sent == 0 else []
-            for index in range(sent + 1, produced + 1):
-                last = index == produced
-                text = "" if last and reason == "stop" else tokenizer.decode_one(tokenizer.output_token(seed, index))
-                pieces.append(sse.token(text, reason if last else None))
-            await response.write("".join(pieces).encode())
-            timing.token_written(time.time())
-            sent = produced
-            if cut_after is not None and sent >= cut_after and not stream.finished:
-                timing.outcome = "cut"
-                request.transport.close()  # abrupt: no terminating chunk, no [DONE]
-                return response
-        tail = sse.usage(len(gen.prompt_ids), sent) if gen.include_usage else ""
-        await response.write((tail + "data: [DONE]\n\n").encode())
+        sink = _TokenSink(request.transport, response.chunked, SseFormatter(gen.chat, request_id, int(timing.arrival),
+                          self.config.name), seed, timing, max(gen.max_tokens // 2, 1) if cut else None)
+        stream.sink = sink.push
+        if stream.produced:  # tokens that came before the sink was in place
+            sink.push(stream.produced, stream.finish_reason)
+        if not await sink.done:
+            return response  # cut on purpose, or the client went away
+        tail = sse_tail(sink.sse, len(gen.prompt_ids), stream.produced, gen.include_usage)
+        await response.write(tail.encode())
         await response.write_eof()
         return response
 
@@ -341,6 +332,53 @@ class SimulatorServer:
             "outcome": timing.outcome,
         }
         self._ground_truth.write(json.dumps(record) + "\n")
+
+
+def sse_tail(sse: SseFormatter, prompt_tokens: int, completion_tokens: int, include_usage: bool) -> str:
+    """What follows the last token: the usage chunk when asked for, then [DONE]."""
+    return (sse.usage(prompt_tokens, completion_tokens) if include_usage else "") + "data: [DONE]\n\n"
+
+
+class _TokenSink:
+    """Writes a stream's token events to its socket from the engine loop, one write per step.
+
+    Called synchronously with each step's result: formatting and writing here saves a task switch per token,
+    which keeps the event loop free to take new requests promptly. ``done`` resolves True when the request
+    finished, False when the stream was cut on purpose or the client is gone.
+    """
+
+    def __init__(self, transport, chunked: bool, sse: SseFormatter, seed: int, timing: _Timing,
+                 cut_after: int | None) -> None:
+        self.transport = transport
+        self.chunked = chunked
+        self.sse = sse
+        self.seed = seed
+        self.timing = timing
+        self.cut_after = cut_after
+        self.sent = 0
+        self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    def push(self, produced: int, reason: str | None) -> None:
+        if self.done.done():
+            return
+        if self.transport is None or self.transport.is_closing():
+            self.done.set_result(False)
+            return
+        pieces = [self.sse.role_chunk] if self.sent == 0 else []
+        for index in range(self.sent + 1, produced + 1):
+            last = index == produced
+            text = "" if last and reason == "stop" else tokenizer.decode_one(tokenizer.output_token(self.seed, index))
+            pieces.append(self.sse.token(text, reason if last else None))
+        data = "".join(pieces).encode()
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
+        self.timing.token_written(time.time())
+        self.sent = produced
+        if reason is not None:
+            self.done.set_result(True)
+        elif self.cut_after is not None and self.sent >= self.cut_after:
+            self.timing.outcome = "cut"
+            self.transport.close()  # abrupt: no terminating chunk, no [DONE]
+            self.done.set_result(False)
 
 
 class _Timing:
