@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import time
 from array import array
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,6 @@ from loadgen.summary import Summary, summarize
 from loadgen.target import build_target
 
 FINAL_REPORT_TIMEOUT_S = 30.0
-ACCEPT_BATCH = 32  # records merged between two yields to the event loop
 
 
 @dataclass
@@ -47,9 +47,10 @@ class RunControl:
     request_stop: Callable[[], None]
     sender_count: Callable[[], int]
     pull: Callable[..., None] | None = None  # local runner: fetch the in-process sender's report
-    pause: Callable[[], None] | None = None  # yields to the event loop between batches of records
     stats: ClientStats = field(default_factory=ClientStats)
     records: list[RequestRecord] = field(default_factory=list)
+    received: int = 0  # records reported so far, stored or still queued
+    _incoming: deque = field(default_factory=deque)
     senders: dict[str, SenderState] = field(default_factory=dict)
     target: Target | None = None
     start_s: float | None = None
@@ -85,22 +86,35 @@ class RunControl:
         self.records.append(record)
 
     def merge_report(self, sender: str, report: dict) -> None:
-        """A sender's delta: its new records and its cumulative counters."""
+        """A sender's delta: its new records (queued for drain()) and its cumulative counters."""
         state = self.senders.setdefault(sender, SenderState())
-        for index, data in enumerate(report["records"], start=1):
-            self.accept(RequestRecord(**data) if isinstance(data, dict) else data)
-            # on a local runner this shares the loop with the streams being timed: don't hold it for long
-            if self.pause is not None and index % ACCEPT_BATCH == 0:
-                self.pause()
-        if self._records_file is not None:
-            self._records_file.flush()
-        # stored records live until the end: keep them out of every later full collection, whose pause would
-        # otherwise grow with the run and delay the streams being timed
-        gc.freeze()
+        self._incoming.extend(report["records"])
+        self.received += len(report["records"])
         state.started, state.refused, state.in_flight = report["started"], report["refused"], report["in_flight"]
         state.final = state.final or report.get("final", False)
         self.stats.started = sum(s.started for s in self.senders.values())
         self.stats.refused = sum(s.refused for s in self.senders.values())
+
+    def drain(self, limit: int | None = None) -> None:
+        """Store up to ``limit`` queued records (all by default): metrics, records.jsonl, the summary's list.
+
+        A local runner calls this in small batches when its event loop is idle: done all at once in a tick,
+        the work would delay the reading of the streams being timed.
+        """
+        count = len(self._incoming) if limit is None else min(limit, len(self._incoming))
+        for _ in range(count):
+            data = self._incoming.popleft()
+            self.accept(RequestRecord(**data) if isinstance(data, dict) else data)
+        if count and not self._incoming:
+            if self._records_file is not None:
+                self._records_file.flush()
+            # stored records live until the end: keep them out of every later full collection, whose pause
+            # would otherwise grow with the run
+            gc.freeze()
+
+    @property
+    def pending(self) -> int:
+        return len(self._incoming)
 
     @property
     def in_flight(self) -> int:
@@ -111,7 +125,7 @@ class RunControl:
     def should_end(self) -> bool:
         elapsed = time.time() - self.start_s
         if isinstance(self.spec.load, OfflineLoad):
-            return self.stats.finished >= self.spec.load.requests or elapsed > self.spec.timeout_s + 30
+            return self.received >= self.spec.load.requests or elapsed > self.spec.timeout_s + 30
         return elapsed >= self.spec.warmup_s + self.spec.duration_s
 
     @property
@@ -131,6 +145,7 @@ class RunControl:
     # ----- result --------------------------------------------------------------------------------------
 
     def summary(self) -> Summary:
+        self.drain()
         stop = self.stop_s or time.time()
         return summarize(self.spec, self.records, run_id=self.run_id, host=self.host, start_s=self.start_s,
                          stop_s=stop, started=self.stats.started, refused=self.stats.refused)

@@ -94,7 +94,7 @@ def _new_control(environment: Environment) -> RunControl:
         count = lambda: 1  # noqa: E731
     ctl = RunControl(spec=spec, run_id=options.run_id or time.strftime("%Y%m%dT%H%M%S"),
                      host=environment.host or "", out_dir=Path(options.out) if options.out else None,
-                     request_stop=stop, sender_count=count, pull=pull, pause=lambda: gevent.sleep(0))
+                     request_stop=stop, sender_count=count, pull=pull)
     return ctl
 
 
@@ -151,6 +151,7 @@ def on_init(environment: Environment, runner, web_ui=None, **_kwargs) -> None:
     options.batchscope_spec = spec.model_dump_json()  # custom options travel to workers with each spawn
     environment.batchscope_control = _new_control(environment)
     options.run_id = environment.batchscope_control.run_id  # travels to workers: request ids name their run
+    gevent.spawn(_store_when_idle, environment.batchscope_control)
     # Locust installs its own SIGTERM handler only after a headless run's shape ends; until then end cleanly
     gevent.signal_handler(signal.SIGTERM, lambda: gevent.spawn(_end_on_signal, environment))
     if isinstance(runner, MasterRunner):
@@ -191,6 +192,18 @@ def _stop_worker(environment: Environment) -> None:
     run.stop_now()
     environment.batchscope_events.flush()  # Locust's own final report carries them to the master
     environment.runner.send_message("batchscope_final", run.report(final=True))
+
+
+DRAIN_BATCH = 16
+
+
+def _store_when_idle(ctl: RunControl) -> None:
+    """Store reported records a few at a time, whenever nothing else is ready to run."""
+    while True:
+        gevent.idle()
+        ctl.drain(DRAIN_BATCH)
+        if not ctl.pending:
+            gevent.sleep(0.05)
 
 
 def _end_on_signal(environment: Environment) -> None:
