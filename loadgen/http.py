@@ -73,9 +73,12 @@ class Response:
 class Connection:
     """One keep-alive connection; ``post`` returns after the response headers arrive."""
 
-    def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
+    def __init__(self, endpoint: Endpoint, timeout_s: float, read_timeouts: bool = True) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        # a socket timeout costs gevent a timer per read; a caller that bounds the whole exchange itself
+        # (LoadRun, with one gevent.Timeout per request) turns them off
+        self.read_timeouts = read_timeouts
         self._sock: socket.socket | None = None
         self._buffer = b""
         self.reusable = False
@@ -106,6 +109,8 @@ class Connection:
             sock = socket.create_connection((endpoint.host, endpoint.port), timeout=min(self.timeout_s, 10.0))
         except TimeoutError as exc:
             raise Timeout(f"connect timed out: {exc}") from None
+        except Timeout:
+            raise  # the caller's whole-exchange timer (see Connection.read_timeouts)
         except OSError as exc:
             raise ConnectFailed(f"cannot connect to {endpoint.host}:{endpoint.port}: {exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -113,7 +118,7 @@ class Connection:
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=endpoint.host)
         else:
             self._stamped = _enable_timestamps(sock)
-        sock.settimeout(self.timeout_s)
+        sock.settimeout(self.timeout_s if self.read_timeouts else None)
         self._sock = sock
         self._buffer = b""
 
@@ -126,6 +131,8 @@ class Connection:
         sent = time.time()
         try:
             self._sock.sendall(request)
+        except Timeout:
+            raise
         except OSError as exc:
             raise StreamBroken(f"send failed: {exc}") from None
         return sent
@@ -170,6 +177,8 @@ class Connection:
             data = self._receive(min(max(want, 1), RECV_SIZE))
         except TimeoutError:
             raise Timeout(f"no response within {self.timeout_s} s") from None
+        except Timeout:
+            raise
         except OSError as exc:
             raise StreamBroken(f"connection error: {exc}") from None
         if not data:
@@ -260,13 +269,14 @@ def encode_request(endpoint: Endpoint, body: bytes, headers: dict[str, str]) -> 
 class ConnectionPool:
     """Idle keep-alive connections to one endpoint, handed out one per request."""
 
-    def __init__(self, endpoint: Endpoint, timeout_s: float) -> None:
+    def __init__(self, endpoint: Endpoint, timeout_s: float, read_timeouts: bool = True) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.read_timeouts = read_timeouts
         self._idle: list[Connection] = []
 
     def acquire(self) -> Connection:
-        return self._idle.pop() if self._idle else Connection(self.endpoint, self.timeout_s)
+        return self._idle.pop() if self._idle else Connection(self.endpoint, self.timeout_s, self.read_timeouts)
 
     def release(self, connection: Connection) -> None:
         if connection.reusable:

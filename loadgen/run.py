@@ -17,6 +17,7 @@ import gevent.event
 import gevent.pool
 import numpy as np
 
+from loadgen import http
 from loadgen.http import Connection, ConnectionPool
 from loadgen.request import RequestRecord, Target, measure
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
@@ -97,7 +98,9 @@ class LoadRun:
         self._active[record.request_id] = (record, connection)
         try:
             # the id lets a test match this record with the server's ground-truth log
-            measure(connection, self.target, record, {"X-Request-Id": record.request_id})
+            timeout = http.Timeout(f"no complete response within {self.spec.timeout_s} s")
+            with gevent.Timeout(self.spec.timeout_s, timeout):  # the whole exchange, one timer
+                measure(connection, self.target, record, {"X-Request-Id": record.request_id})
         finally:
             del self._active[record.request_id]
             pool.release(connection)
@@ -127,7 +130,7 @@ class LoadRun:
         pool.join()
 
     def connection_pool(self) -> ConnectionPool:
-        return ConnectionPool(self.target.endpoint, self.spec.timeout_s)
+        return ConnectionPool(self.target.endpoint, self.spec.timeout_s, read_timeouts=False)
 
     def report(self, final: bool = False, as_dicts: bool = True) -> dict:
         """The delta for the controller: records finished since the last report, and cumulative counts.

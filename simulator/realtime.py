@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from simulator.engine import REASON_LENGTH, EngineCore
+from simulator.engine import REASON_LENGTH, REASON_STOP, EngineCore
 
 RESYNC_S = 0.05
+DELIVERY_SLICE = 32
+REASON_NAMES = {REASON_LENGTH: "length", REASON_STOP: "stop"}
 
 
 class RequestStream:
@@ -110,18 +112,30 @@ class RealtimeEngine:
             await asyncio.sleep(max(target_end - loop.time(), 0.0))
             now = loop.time()
             self.step_lags.append(now - target_end)
-            self._deliver(engine.complete(step, now))
+            await self._deliver(engine.complete(step, now))
             self.steps += 1
             pace = target_end
 
-    def _deliver(self, output) -> None:
+    async def _deliver(self, output) -> None:
+        """Hand each stream its new tokens, yielding to the event loop every few streams.
+
+        The streams are looked up before the first yield: a slot released by this step may be given to a new
+        request while we yield. The yields let the loop take in new requests during a large step's burst of
+        writes, instead of after it (that wait would be part of every TTFT).
+        """
         streams = self._streams
         finished = dict(zip(output.finished_slots.tolist(), output.finish_reasons.tolist(), strict=True))
         self.tokens += output.token_slots.size
+        deliveries = []
         for slot, produced in zip(output.token_slots.tolist(), output.token_index.tolist(), strict=True):
             reason = finished.get(slot)
-            stream = streams.pop(slot) if reason is not None else streams[slot]
-            stream._push(produced, None if reason is None else ("length" if reason == REASON_LENGTH else "stop"))
+            stream = streams.pop(slot, None) if reason is not None else streams.get(slot)
+            if stream is not None:
+                deliveries.append((stream, produced, None if reason is None else REASON_NAMES[reason]))
+        for index, (stream, produced, reason) in enumerate(deliveries, start=1):
+            stream._push(produced, reason)
+            if index % DELIVERY_SLICE == 0:
+                await asyncio.sleep(0)
 
     def lag_summary(self) -> dict[str, float]:
         """Step lag percentiles over the recent window, seconds."""

@@ -50,3 +50,12 @@ def test_a_server_killed_mid_run(simulator, tmp_path):
     assert summary["outcomes"]["truncated"] >= 1  # the streams cut by the kill
     assert summary["outcomes"]["connection_error"] >= 1  # then nothing answers
     assert "Traceback" not in output
+
+
+def test_a_stalled_server_ends_requests_as_timeouts(simulator, tmp_path):
+    sim = simulator("--profile", "tiny", "--fault-stall-rate", "1", "--fault-stall-s", "2")
+    result = run_load(tmp_path, {**SPEC, "timeout_s": 0.5, "duration_s": 2}, sim.url)
+    summary = result.summary
+    assert result.returncode == 0 and summary["balanced"], result.output[-3000:]
+    assert summary["outcomes"]["timeout"] > 0 and summary["outcomes"]["ok"] == 0
+    assert all(r["end_s"] - r["sent_s"] < 1.0 for r in result.records if r["outcome"] == "timeout")
