@@ -61,7 +61,8 @@ class DeferredRequestEvents:
             if value is not None:
                 fire(request_type=metric, name=self._name, response_time=value * 1000, response_length=0,
                      context=context, exception=None)
-        # a request event per gap would cost a seventh of the client's CPU: log the gaps into the stats directly
-        log_request = self._environment.stats.log_request
+        # a request event per gap would cost a seventh of the client's CPU: log the gaps into the ITL row
+        # directly (not into Locust's "Aggregated" row, which would mix them with whole requests anyway)
+        log = self._environment.stats.get(self._name, "ITL").log
         for gap in record.itl_s:
-            log_request("ITL", self._name, gap * 1000, 0)
+            log(gap * 1000, 0)
