@@ -53,10 +53,12 @@ def test_each_mode_balances_and_matches_the_ground_truth(simulator, tmp_path, mo
     # the measurement window, as the summary takes it: warm-up (first connections, cold caches) left out
     start = datetime.fromisoformat(summary["started_at"]).timestamp() + MODES[mode]["warmup_s"]
     measured = [r for r in ok if r["scheduled_s"] >= start]
-    ttft_bias = [r["ttft_s"] - (truth[r["request_id"]]["first_token_s"] - truth[r["request_id"]]["arrival_s"])
-                 for r in measured]
-    e2e_bias = [r["e2e_s"] - (truth[r["request_id"]]["last_token_s"] - truth[r["request_id"]]["arrival_s"])
-                for r in measured]
+    # measured from the send: an open loop's dispatch lag (scheduled -> sent) is part of its TTFT by design and
+    # is checked on its own (test_poisson); this compares what the client and the server each saw
+    ttft_bias = [(r["first_token_s"] - r["sent_s"]) - (truth[r["request_id"]]["first_token_s"]
+                                                       - truth[r["request_id"]]["arrival_s"]) for r in measured]
+    e2e_bias = [(r["last_token_s"] - r["sent_s"]) - (truth[r["request_id"]]["last_token_s"]
+                                                     - truth[r["request_id"]]["arrival_s"]) for r in measured]
     assert np.percentile(np.abs(ttft_bias), 99) <= 0.002
     assert np.percentile(np.abs(e2e_bias), 99) <= 0.002
     # the summary excludes warm-up: fewer TTFT observations than ok records
