@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from loadgen.metrics import DEFAULT_METRICS_PORT
 from loadgen.spec import SpecError, load_spec
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -23,7 +24,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                       help="worker processes (0: one local process; N: a master and N workers)")
     load.add_argument("--out", metavar="DIR", help="output directory (default: out/RUN_ID)")
     load.add_argument("--run-id", help="run identifier (default: start time)")
-    load.add_argument("--metrics-port", type=int, default=9646,
+    load.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                       help="port of the merged client /metrics on 127.0.0.1 (0: off)")
     load.set_defaults(run=run_load)
 

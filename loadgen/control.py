@@ -95,8 +95,9 @@ class RunControl:
         self.stats.started = sum(s.started for s in self.senders.values())
         self.stats.refused = sum(s.refused for s in self.senders.values())
 
-    def drain(self, limit: int | None = None) -> None:
+    def drain(self, limit: int | None = None) -> bool:
         """Store up to ``limit`` queued records (all by default): metrics, records.jsonl, the summary's list.
+        Returns whether records are still queued.
 
         A local runner calls this in small batches when its event loop is idle: done all at once in a tick,
         the work would delay the reading of the streams being timed.
@@ -111,10 +112,7 @@ class RunControl:
             # stored records live until the end: keep them out of every later full collection, whose pause
             # would otherwise grow with the run
             gc.freeze()
-
-    @property
-    def pending(self) -> int:
-        return len(self._incoming)
+        return bool(self._incoming)
 
     @property
     def in_flight(self) -> int:

@@ -22,14 +22,13 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 
 from loadgen.control import RunControl
 from loadgen.locust_stats import DeferredRequestEvents
-from loadgen.metrics import ClientMetricsCollector
+from loadgen.metrics import DEFAULT_METRICS_PORT, ClientMetricsCollector
 from loadgen.request import Target
-from loadgen.run import LoadRun
+from loadgen.run import LoadRun, work_when_idle
 from loadgen.spec import OfflineLoad, SpecError, WorkloadSpec, load_spec
 from loadgen.summary import print_summary
 
 log = logging.getLogger("batchscope.loadgen")
-DEFAULT_METRICS_PORT = 9646
 
 
 @events.init_command_line_parser.add_listener
@@ -151,7 +150,8 @@ def on_init(environment: Environment, runner, web_ui=None, **_kwargs) -> None:
     options.batchscope_spec = spec.model_dump_json()  # custom options travel to workers with each spawn
     environment.batchscope_control = _new_control(environment)
     options.run_id = environment.batchscope_control.run_id  # travels to workers: request ids name their run
-    gevent.spawn(_store_when_idle, environment.batchscope_control)
+    ctl = environment.batchscope_control
+    gevent.spawn(work_when_idle, lambda: ctl.drain(DRAIN_BATCH))  # store records off the hot path
     # Locust installs its own SIGTERM handler only after a headless run's shape ends; until then end cleanly
     gevent.signal_handler(signal.SIGTERM, lambda: gevent.spawn(_end_on_signal, environment))
     if isinstance(runner, MasterRunner):
@@ -195,15 +195,6 @@ def _stop_worker(environment: Environment) -> None:
 
 
 DRAIN_BATCH = 16
-
-
-def _store_when_idle(ctl: RunControl) -> None:
-    """Store reported records a few at a time, whenever nothing else is ready to run."""
-    while True:
-        gevent.idle()
-        ctl.drain(DRAIN_BATCH)
-        if not ctl.pending:
-            gevent.sleep(0.05)
 
 
 def _end_on_signal(environment: Environment) -> None:

@@ -13,6 +13,7 @@ from collections import deque
 import gevent
 
 from loadgen.request import RequestRecord
+from loadgen.run import work_when_idle
 
 BATCH = 8
 
@@ -28,7 +29,7 @@ class DeferredRequestEvents:
         self._environment = environment
         self._name = name
         self._pending: deque[RequestRecord] = deque()
-        self._greenlet = gevent.spawn(self._feed)
+        self._greenlet = gevent.spawn(work_when_idle, self._feed_batch)
 
     def add(self, record: RequestRecord) -> None:
         self._pending.append(record)
@@ -37,13 +38,10 @@ class DeferredRequestEvents:
         while self._pending:
             self._fire(self._pending.popleft())
 
-    def _feed(self) -> None:
-        while True:
-            gevent.idle()  # runs only when nothing else is ready
-            for _ in range(min(BATCH, len(self._pending))):
-                self._fire(self._pending.popleft())
-            if not self._pending:
-                gevent.sleep(0.05)
+    def _feed_batch(self) -> bool:
+        for _ in range(min(BATCH, len(self._pending))):
+            self._fire(self._pending.popleft())
+        return bool(self._pending)
 
     def _fire(self, record: RequestRecord) -> None:
         """One request event per metric (ms, as Locust wants), and the ITL gaps straight into the stats."""

@@ -18,6 +18,7 @@ from batchscope.histogram import Histogram, merged_bounds
 from batchscope.vllm_buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from loadgen.request import OUTCOMES, RequestRecord
 
+DEFAULT_METRICS_PORT = 9646  # where the master (or local process) serves the merged client metrics
 FINE_LATENCY = (0.0025, 0.0075, 0.015, 0.03, 0.05, 0.15, 0.2, 0.3, 0.4)
 FINE_TOKEN_GAP = (0.001, 0.0025, 0.005, 0.0075, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08)
 FINE_E2E = (0.05, 0.1, 0.2, 0.4, 0.6, 0.7, 0.9, 1.25, 3.0, 4.0, 7.5)

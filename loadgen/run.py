@@ -54,6 +54,17 @@ def _sleep_until(moment: float) -> None:
         gevent.sleep(0)
 
 
+def work_when_idle(step: Callable[[], bool]) -> None:
+    """Call ``step`` whenever nothing else is ready to run; it returns whether work is left (else nap 50 ms).
+
+    For bookkeeping that must not delay the reading of the streams being timed.
+    """
+    while True:
+        gevent.idle()
+        if not step():
+            gevent.sleep(0.05)
+
+
 class LoadRun:
     """Per-process sender state: target, counters, in-flight set, and where finished records go."""
 

@@ -298,10 +298,8 @@ class SimulatorServer:
             await stream.wait()
         timing.token_written(time.time())
         count = stream.produced
-        ids = [tokenizer.output_token(seed, i) for i in range(1, count + 1)]
-        if stream.finish_reason == "stop":
-            ids[-1] = tokenizer.EOS_ID
-        text = tokenizer.decode(ids)
+        stopped = stream.finish_reason == "stop"
+        text = "".join(tokenizer.output_text(seed, i, stopped and i == count) for i in range(1, count + 1))
         usage = {"prompt_tokens": len(gen.prompt_ids), "total_tokens": len(gen.prompt_ids) + count,
                  "completion_tokens": count, "prompt_tokens_details": None}
         common = {"id": request_id, "created": int(timing.arrival), "model": self.config.name}
@@ -367,7 +365,7 @@ class _TokenSink:
         pieces = [self.sse.role_chunk] if self.sent == 0 else []
         for index in range(self.sent + 1, produced + 1):
             last = index == produced
-            text = "" if last and reason == "stop" else tokenizer.decode_one(tokenizer.output_token(self.seed, index))
+            text = tokenizer.output_text(self.seed, index, last and reason == "stop")
             pieces.append(self.sse.token(text, reason if last else None))
         data = "".join(pieces).encode()
         self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)

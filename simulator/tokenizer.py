@@ -63,6 +63,11 @@ def decode(token_ids: list[int]) -> str:
     return "".join(decode_one(t) for t in token_ids)
 
 
+def output_text(request_seed: int, index: int, is_eos: bool) -> str:
+    """Text of a request's ``index``-th generated token; an EOS token has none."""
+    return "" if is_eos else decode_one(output_token(request_seed, index))
+
+
 def output_token(request_seed: int, index: int) -> int:
     """The ``index``-th generated token of a request: deterministic, spread over the vocabulary."""
     return (request_seed * 1_000_003 + index * 7919) % 50_000
