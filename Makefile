@@ -12,7 +12,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 test: $(BIN)/.installed
-	scripts/ensure-debian-packages chromium prometheus
+	scripts/ensure-debian-packages chromium prometheus prometheus-alertmanager
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
