@@ -1,4 +1,4 @@
-"""Shared fixtures: real simulator processes on loopback, started with the CLI and polled until ready."""
+"""Shared fixtures: real simulator and exporter processes on loopback, started with the CLI and polled until ready."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 READY_LINE = re.compile(r"Starting vLLM API server 0 on (http://127\.0\.0\.1:\d+)")
 
@@ -118,3 +119,56 @@ def run_load(tmp_path: Path, spec: dict, host: str, *extra: str, workers: int = 
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     records = [json.loads(line) for line in records_path.read_text().splitlines()] if records_path.exists() else []
     return LoadResult(result.returncode, output, summary, records, out_dir)
+
+
+class Exporter:
+    """A running `batchscope exporter` on a free loopback port, answering /metrics."""
+
+    def __init__(self, tmp_path: Path, *flags: str) -> None:
+        self.port = free_port()
+        self.log = tmp_path / f"exporter-{self.port}.log"
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "batchscope.cli", "exporter", "--port",
+                                             str(self.port), *flags], stdout=log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+        wait_until(self._answers, timeout_s=20, message="exporter up")
+
+    def _answers(self) -> bool:
+        try:
+            return requests.get(self.url, timeout=5).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    def scrape(self, accept: str = "application/openmetrics-text;version=1.0.0") -> dict:
+        reply = requests.get(self.url, timeout=10, headers={"Accept": accept})
+        assert reply.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        return samples(reply.text)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def samples(text: str) -> dict[tuple, float]:
+    """A text exposition as {(sample name, sorted labels): value}."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def only(prefix: str, values: dict) -> dict:
+    return {k: v for k, v in values.items() if k[0].startswith(prefix)}
+
+
+@pytest.fixture
+def exporters(tmp_path):
+    """Factory: ``exporters(*flags)`` starts an exporter; every one started is stopped after the test."""
+    started: list[Exporter] = []
+
+    def start(*flags: str) -> Exporter:
+        exporter = Exporter(tmp_path, *flags)
+        started.append(exporter)
+        return exporter
+
+    yield start
+    for exporter in started:
+        exporter.stop()

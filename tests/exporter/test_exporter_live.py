@@ -7,66 +7,15 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, only, samples, wait_until
 from tests.stubs import HttpStub, Reply, json_reply
 
 pytestmark = pytest.mark.e2e
-
-
-class Exporter:
-    def __init__(self, tmp_path: Path, *flags: str) -> None:
-        self.port = free_port()
-        self.log = tmp_path / f"exporter-{self.port}.log"
-        with open(self.log, "w") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "batchscope.cli", "exporter", "--port",
-                                             str(self.port), *flags], stdout=log, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}/metrics"
-        wait_until(self._answers, timeout_s=20, message="exporter up")
-
-    def _answers(self) -> bool:
-        try:
-            return requests.get(self.url, timeout=5).status_code == 200
-        except requests.ConnectionError:
-            return False
-
-    def scrape(self, accept: str = "application/openmetrics-text;version=1.0.0") -> dict:
-        reply = requests.get(self.url, timeout=10, headers={"Accept": accept})
-        assert reply.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
-        return samples(reply.text)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-
-
-def samples(text: str) -> dict[tuple, float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
-
-
-def only(prefix: str, values: dict) -> dict:
-    return {k: v for k, v in values.items() if k[0].startswith(prefix)}
-
-
-@pytest.fixture
-def exporters(tmp_path):
-    started: list[Exporter] = []
-
-    def start(*flags: str) -> Exporter:
-        exporter = Exporter(tmp_path, *flags)
-        started.append(exporter)
-        return exporter
-
-    yield start
-    for exporter in started:
-        exporter.stop()
 
 
 def test_exported_values_equal_their_sources(simulator, exporters, tmp_path):
