@@ -1,0 +1,213 @@
+"""Offline checks of the generated dashboards and the provisioning files (there is no Grafana to load them).
+
+The rules dashboard-linter would enforce, reimplemented: units set, one datasource uid, `$__rate_interval` in
+every rate, valid PromQL, and every metric a name the project records or exports.
+
+Range rule: `rate`/`irate`/`increase` always take `[$__rate_interval]`; a window over the whole dashboard range
+is a subquery `[$__range:$__interval]` around them (never `rate(x[$__range])`, which would blur the
+configurations in force during the range into one figure).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import promql_parser
+import pytest
+import yaml
+
+from tests.grafana.dashboard_queries import DASHBOARD_DIR, dashboard_queries, substitute
+
+ROOT = Path(__file__).resolve().parents[2]
+PROVISIONING = ROOT / "grafana" / "provisioning"
+DASHBOARDS = {path.stem: json.loads(path.read_text()) for path in sorted(DASHBOARD_DIR.glob("*.json"))}
+QUERIES = dashboard_queries()
+PROMETHEUS_UID = "prometheus"
+
+# Durations nothing else uses, so the AST tells which Grafana variable a range came from.
+RATE_INTERVAL, RANGE, INTERVAL = timedelta(minutes=7, seconds=7), timedelta(minutes=9, seconds=9), timedelta(seconds=11)
+SENTINELS = {"rate_interval": "7m7s", "range_": "9m9s", "interval": "11s"}
+
+# Where each exported family is defined; prometheus_client adds these suffixes to counters and histograms.
+METRIC_SOURCES = ["simulator/metrics.py", "loadgen/metrics.py", "exporter/collector.py"]
+SAMPLE_SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
+PROMETHEUS_BUILTINS = {"ALERTS", "ALERTS_FOR_STATE", "up"}
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("grafana_generate", ROOT / "grafana" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _data_panels(dashboard: dict) -> list[dict]:
+    return [panel for panel in dashboard["panels"] if panel["type"] != "row" and panel.get("targets")]
+
+
+def _nodes(expr: str) -> list:
+    nodes: list = []
+    promql_parser.walk(promql_parser.parse(expr), nodes.append)
+    return nodes
+
+
+def _datasource_refs(node, found: list[dict]) -> list[dict]:
+    if isinstance(node, dict):
+        if isinstance(node.get("datasource"), dict):
+            found.append(node["datasource"])
+        for value in node.values():
+            _datasource_refs(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            _datasource_refs(value, found)
+    return found
+
+
+def _known_metrics() -> set[str]:
+    names: set[str] = set()
+    for source in METRIC_SOURCES:
+        for name in re.findall(r'"((?:vllm:|batchscope_)[a-z0-9_:]+)"', (ROOT / source).read_text()):
+            names.update(name + suffix for suffix in SAMPLE_SUFFIXES)
+    for rules in (ROOT / "prometheus" / "rules").glob("*.yml"):
+        for group in yaml.safe_load(rules.read_text())["groups"]:
+            names.update(rule["record"] for rule in group["rules"] if "record" in rule)
+    return names | PROMETHEUS_BUILTINS
+
+
+def test_committed_json_is_the_generators_output():
+    rendered = _load_generator().render()
+    assert sorted(rendered) == sorted(DASHBOARD_DIR.glob("*.json")), "a dashboard file without a generator"
+    for path, text in rendered.items():
+        assert path.read_text() == text, f"{path.name} is stale: run python grafana/generate.py"
+
+
+def test_uids_titles_and_defaults():
+    assert {d["uid"]: d["title"] for d in DASHBOARDS.values()} == {
+        "batchscope-overview": "vLLM batching — overview",
+        "batchscope-comparison": "vLLM batching — run comparison",
+    }
+    for dashboard in DASHBOARDS.values():
+        assert dashboard["refresh"] == "5s"
+        assert dashboard["time"] == {"from": "now-15m", "to": "now"}
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_panel_ids_are_unique(name):
+    ids = [panel["id"] for panel in DASHBOARDS[name]["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_every_data_panel_has_a_unit(name):
+    missing = [p["title"] for p in _data_panels(DASHBOARDS[name]) if not p["fieldConfig"]["defaults"].get("unit")]
+    assert not missing
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_every_row_says_what_question_it_answers(name):
+    rows = [panel for panel in DASHBOARDS[name]["panels"] if panel["type"] == "row"]
+    assert rows and all(row["description"].endswith("?") for row in rows)
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_grid_fits_24_columns_without_overlap(name):
+    taken: set[tuple[int, int]] = set()
+    for panel in DASHBOARDS[name]["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] >= 0 and pos["w"] > 0 and pos["x"] + pos["w"] <= 24, panel["title"]
+        cells = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
+        assert not cells & taken, f"{panel['title']} overlaps another panel"
+        taken |= cells
+
+
+def test_prometheus_references_use_the_provisioned_uid():
+    provisioned = yaml.safe_load((PROVISIONING / "datasources" / "datasources.yaml").read_text())
+    prometheus = [d for d in provisioned["datasources"] if d["type"] == "prometheus"]
+    assert [d["uid"] for d in prometheus] == [PROMETHEUS_UID]
+    for name, dashboard in DASHBOARDS.items():
+        refs = _datasource_refs(dashboard, [])
+        assert refs, name
+        for ref in refs:
+            assert ref in ({"type": "prometheus", "uid": PROMETHEUS_UID}, {"type": "grafana", "uid": "-- Grafana --"})
+        for panel in _data_panels(dashboard):
+            assert panel["datasource"]["uid"] == PROMETHEUS_UID
+            assert all(target["datasource"]["uid"] == PROMETHEUS_UID for target in panel["targets"])
+
+
+def test_provisioning_files():
+    datasources = yaml.safe_load((PROVISIONING / "datasources" / "datasources.yaml").read_text())
+    assert datasources["apiVersion"] == 1
+    by_uid = {d["uid"]: d for d in datasources["datasources"]}
+    assert by_uid["prometheus"]["url"] == "http://prometheus:9090" and by_uid["prometheus"]["isDefault"] is True
+    assert by_uid["prometheus"]["jsonData"]["timeInterval"] == "5s"
+    assert by_uid["alertmanager"]["type"] == "alertmanager"
+    assert by_uid["alertmanager"]["url"] == "http://alertmanager:9093"
+    assert by_uid["alertmanager"]["jsonData"]["implementation"] == "prometheus"
+    providers = yaml.safe_load((PROVISIONING / "dashboards" / "dashboards.yaml").read_text())
+    assert providers["apiVersion"] == 1
+    [provider] = providers["providers"]
+    assert provider["type"] == "file" and provider["folder"] == "batchscope"
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+def test_queries_cover_panels_annotations_and_variables():
+    wheres = {(q.dashboard, q.where) for q in QUERIES}
+    for uid in ("batchscope-overview", "batchscope-comparison"):
+        assert (uid, "variable: model") in wheres and (uid, "variable: scenario") in wheres
+        assert (uid, "annotation: Config changes (Prometheus)") in wheres
+        assert (uid, "annotation: Firing alerts") in wheres
+    variables = {q.expr for q in QUERIES if q.where.startswith("variable: ")}
+    assert variables == {"vllm:num_requests_running", "batchscope_client_workload_info"}
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=lambda q: f"{q.dashboard}/{q.where}")
+def test_expression_parses_after_substitution(query):
+    promql_parser.parse(substitute(query.expr))
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=lambda q: f"{q.dashboard}/{q.where}")
+def test_ranges_follow_the_rule(query):
+    for node in _nodes(substitute(query.expr, **SENTINELS)):
+        if isinstance(node, promql_parser.Call) and node.func.name in ("rate", "irate", "increase"):
+            assert node.args[0].range == RATE_INTERVAL, f"{node.func.name} without $__rate_interval"
+        if isinstance(node, promql_parser.SubqueryExpr):
+            assert (node.range, node.step) == (RANGE, INTERVAL), "subquery not [$__range:$__interval]"
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=lambda q: f"{q.dashboard}/{q.where}")
+def test_metric_names_exist(query):
+    known = _known_metrics()
+    used = {node.name for node in _nodes(substitute(query.expr)) if isinstance(node, promql_parser.VectorSelector)}
+    assert used <= known, f"unknown metrics: {used - known}"
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_variables_used_are_defined(name):
+    dashboard = DASHBOARDS[name]
+    defined = {variable["name"] for variable in dashboard["templating"]["list"]}
+    for query in (q for q in QUERIES if q.dashboard == dashboard["uid"]):
+        used = set(re.findall(r"\$\{?([A-Za-z][A-Za-z0-9_]*)", query.expr))
+        assert used <= defined, f"{query.where}: undefined {used - defined}"
+    for variable in dashboard["templating"]["list"]:
+        assert variable["multi"] and variable["includeAll"]
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_annotations(name):
+    annotations = DASHBOARDS[name]["annotations"]["list"]
+    assert annotations[0]["builtIn"] == 1 and annotations[0]["datasource"] == {"type": "grafana",
+                                                                                 "uid": "-- Grafana --"}
+    assert any(a.get("target", {}).get("tags") == ["config-change"] for a in annotations)
+    [change] = [a for a in annotations if "batchscope_config_last_change_timestamp_seconds" in a.get("expr", "")]
+    assert change["useValueForTime"] is True and "* 1000" in change["expr"]
+    assert "{{max_num_seqs}}" in change["textFormat"]
+    assert any("ALERTS" in a.get("expr", "") for a in annotations)
+
+
+def test_substitute_replaces_grafana_and_dashboard_variables():
+    expr = 'rate(x{m=~"$model", s=~"${scenario}", t=~"${model:regex}"}[$__rate_interval])[$__range:$__interval]'
+    assert substitute(expr, variables={"model": "m"}) == 'rate(x{m=~"m", s=~".*", t=~"m"}[1m])[5m:15s]'
