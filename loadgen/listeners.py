@@ -41,6 +41,8 @@ def add_arguments(parser, **_kwargs) -> None:
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                        help="port of the merged client /metrics (master or local runner); 0 = off")
     parser.add_argument("--metrics-host", default="127.0.0.1", help="address of the client /metrics")
+    parser.add_argument("--grafana-url", default="", env_var="BATCHSCOPE_GRAFANA_URL", include_in_web_ui=False,
+                        help="Grafana base URL: the web UI's LLM tab links its batchscope dashboards (empty = none)")
     parser.add_argument("--batchscope-spec", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
     parser.add_argument("--batchscope-target", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
 
@@ -166,7 +168,7 @@ def on_init(environment: Environment, runner, web_ui=None, **_kwargs) -> None:
     if web_ui is not None:
         from loadgen import webui
 
-        webui.install(web_ui, lambda: control(environment))
+        webui.install(web_ui, lambda: control(environment), grafana_url=options.grafana_url)
 
 
 def _client_registry(ctl: RunControl) -> CollectorRegistry:
