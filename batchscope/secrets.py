@@ -1,0 +1,50 @@
+"""Masking secrets wherever a command line, a flag set or a config is shown (metrics, logs, annotations, files).
+
+A flag or field is secret when its name says so (key, token, secret, password, as in `--api-key`, `--hf-token`,
+`api_key`); its value is replaced by MASK. vLLM masks the same flags in its own start-up log.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+MASK = "***"
+SECRET_NAME = re.compile(r"key|token|secret|passw(or)?d", re.IGNORECASE)
+
+
+def is_secret(name: str) -> bool:
+    """True for a flag or field name that carries a secret (``--api-key``, ``hf_token``, ``password``...)."""
+    return bool(SECRET_NAME.search(name))
+
+
+def mask_value(name: str, value: str) -> str:
+    return MASK if value and is_secret(name) else value
+
+
+def mask_mapping(values: Mapping[str, object]) -> dict[str, object]:
+    """A copy with every secret field's value masked (nested mappings too)."""
+    return {name: mask_mapping(value) if isinstance(value, Mapping)
+            else (MASK if value and is_secret(name) else value) for name, value in values.items()}
+
+
+def mask_argv(argv: Sequence[str]) -> list[str]:
+    """A command line with the value of every secret flag masked: ``--api-key K`` and ``--api-key=K`` alike."""
+    masked: list[str] = []
+    hide_next = False
+    for token in argv:
+        if hide_next and not token.startswith("--"):
+            masked.append(MASK)
+            hide_next = False
+            continue
+        hide_next = False
+        name, has_value, value = token.partition("=")
+        if token.startswith("--") and is_secret(name):
+            if has_value:
+                masked.append(f"{name}={MASK}")
+            else:
+                masked.append(token)
+                hide_next = True
+            continue
+        masked.append(token)
+    return masked

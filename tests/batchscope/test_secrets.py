@@ -1,0 +1,34 @@
+"""Masking secrets in command lines and configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchscope.secrets import MASK, is_secret, mask_argv, mask_mapping
+
+
+@pytest.mark.parametrize("name", ["--api-key", "--hf-token", "api_key", "GRAFANA_PASSWORD", "--grafana-passwd",
+                                  "client_secret", "--vllm-api-key"])
+def test_names_that_say_key_token_secret_or_password_are_secret(name):
+    assert is_secret(name)
+
+
+@pytest.mark.parametrize("name", ["--max-num-seqs", "--model", "--port", "block_size", "--max-num-batched-tokens"])
+def test_the_tuning_knobs_are_not_secret(name):
+    assert not is_secret(name)
+
+
+def test_a_command_line_keeps_everything_but_secret_values():
+    argv = ["vllm", "serve", "m", "--api-key", "sk-1", "--hf-token=hf_2", "--max-num-seqs", "64", "--api-key"]
+    assert mask_argv(argv) == ["vllm", "serve", "m", "--api-key", MASK, f"--hf-token={MASK}", "--max-num-seqs",
+                               "64", "--api-key"]
+
+
+def test_a_boolean_flag_after_a_secret_flag_is_not_taken_for_its_value():
+    assert mask_argv(["--api-key", "--enforce-eager"]) == ["--api-key", "--enforce-eager"]
+
+
+def test_mappings_are_masked_at_every_depth_and_empty_values_stay_empty():
+    config = {"api_key": "sk-1", "model": "m", "load": {"token": "t", "rate": 2}, "hf_token": None}
+    assert mask_mapping(config) == {"api_key": MASK, "model": "m", "load": {"token": MASK, "rate": 2},
+                                    "hf_token": None}
