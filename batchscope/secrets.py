@@ -1,7 +1,8 @@
 """Masking secrets wherever a command line, a flag set or a config is shown (metrics, logs, annotations, files).
 
-A flag or field is secret when its name says so (key, token, secret, password, as in `--api-key`, `--hf-token`,
-`api_key`); its value is replaced by MASK. vLLM masks the same flags in its own start-up log.
+A flag or field is secret when a word of its name says so (key, token, secret, password, as in `--api-key`,
+`--hf-token`, `api_key`; words split at "-" and "_", so `max_num_batched_tokens` is not one); its value is
+replaced by MASK. vLLM masks the same flags in its own start-up log.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ import re
 from collections.abc import Mapping, Sequence
 
 MASK = "***"
-SECRET_NAME = re.compile(r"key|token|secret|passw(or)?d", re.IGNORECASE)
+SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "credentials"}
 
 
 def is_secret(name: str) -> bool:
     """True for a flag or field name that carries a secret (``--api-key``, ``hf_token``, ``password``...)."""
-    return bool(SECRET_NAME.search(name))
+    return any(word in SECRET_WORDS for word in re.split(r"[-_]+", name.lower()))
 
 
 def mask_value(name: str, value: str) -> str:
