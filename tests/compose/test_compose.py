@@ -1,0 +1,518 @@
+"""compose.yaml, Dockerfile and .dockerignore, checked without a Docker engine: the Compose spec's JSON schema,
+then what the schema cannot know (paths, variables, ports, healthcheck tools, the commands our own CLIs parse).
+
+Variables are resolved the way Compose does with an empty environment (every `${VAR:-default}` takes its
+default), or with the few overrides a test names, e.g. TARGET=vllm for the gpu profile.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from jsonschema import Draft7Validator
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose.yaml"
+SCHEMA = ROOT / "tests" / "fixtures" / "compose-spec.schema.json"
+
+# Variables that may default to empty: secrets, and "unset = off" switches.
+EMPTY_DEFAULTS = {"HF_TOKEN", "VLLM_API_KEY", "GRAFANA_TOKEN", "VLLM_CONTAINER"}
+SECRETS = {"HF_TOKEN", "VLLM_API_KEY", "GRAFANA_TOKEN", "GRAFANA_ADMIN_PASSWORD"}
+# The tool each upstream image's healthcheck runs, and where we saw it is in the image.
+HEALTHCHECK_TOOLS = {
+    "prom/prometheus": "wget",      # busybox base (prometheus v2.53.5 Dockerfile: quay.io/prometheus/busybox)
+    "prom/alertmanager": "wget",    # busybox base (alertmanager v0.28.1 Dockerfile)
+    "grafana/grafana": "curl",      # its Dockerfile: `apk add ... curl` (alpine), `apt-get install ... curl` (ubuntu)
+    "vllm/vllm-openai": "python3",  # the interpreter vLLM runs on
+}
+OWN_IMAGE_TOOL = "python"  # in the python base image; the Dockerfile installs nothing else for healthchecks
+
+
+# ----- helpers ---------------------------------------------------------------------------------------------
+
+
+def variable_references(text: str) -> list[str]:
+    """Every `${...}` body in text, outer ones first, nested ones too."""
+    found, stack = [], []
+    index = 0
+    while index < len(text):
+        if text.startswith("$$", index):
+            index += 2
+            continue
+        if text.startswith("${", index):
+            stack.append(index + 2)
+            index += 2
+            continue
+        if text[index] == "}" and stack:
+            start = stack.pop()
+            found.append(text[start:index])
+        index += 1
+    return found
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's `${VAR}`, `${VAR:-default}` (nested defaults included) and `$$`, innermost first."""
+    pattern = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^${}]*))?\}")
+    while True:
+        new = pattern.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+        if new == value:
+            return new.replace("$$", "$")
+        value = new
+
+
+def resolved(env: dict[str, str] | None = None) -> dict:
+    """compose.yaml as Compose sees it with these variables set (and no others)."""
+    def walk(node):
+        if isinstance(node, dict):
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value) for value in node]
+        return interpolate(node, env or {}) if isinstance(node, str) else node
+    return walk(raw())
+
+
+def raw() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def strings(node) -> list[str]:
+    """Every string in a loaded YAML document (keys and values; comments are never interpolated)."""
+    if isinstance(node, dict):
+        return [s for key, value in node.items() for s in [str(key), *strings(value)]]
+    if isinstance(node, list):
+        return [s for value in node for s in strings(value)]
+    return [node] if isinstance(node, str) else []
+
+
+def services(env: dict[str, str] | None = None) -> dict[str, dict]:
+    return resolved(env)["services"]
+
+
+def own_image(service: dict) -> bool:
+    return "build" in service
+
+
+def command(service: dict) -> list[str]:
+    cmd = service.get("command", [])
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(part) for part in cmd]
+
+
+def flag(argv: list[str], name: str) -> str:
+    for index, token in enumerate(argv):
+        if token == name:
+            return argv[index + 1]
+        if token.startswith(name + "="):
+            return token.split("=", 1)[1]
+    raise AssertionError(f"{name} missing from {argv}")
+
+
+def bind_mounts(service: dict) -> list[tuple[str, str, str]]:
+    """(source, target, mode) of every short-syntax volume whose source is a host path."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        assert isinstance(volume, str), f"long volume syntax not handled here: {volume}"
+        source, target, *mode = volume.split(":")
+        if source.startswith((".", "/", "~")):
+            mounts.append((source, target, mode[0] if mode else "rw"))
+    return mounts
+
+
+# ----- the schema and the variables --------------------------------------------------------------------------
+
+
+def test_compose_file_validates_against_the_compose_spec_schema():
+    schema = json.loads(SCHEMA.read_text())
+    for document in (raw(), resolved(), resolved({"TARGET": "vllm"})):
+        errors = sorted(Draft7Validator(schema).iter_errors(document), key=lambda e: list(e.absolute_path))
+        assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
+    assert "version" not in raw()  # obsolete in the Compose spec; Compose v2 warns about it
+
+
+def test_the_schema_catches_what_it_should():
+    """The fixture is a real schema, not a permissive stand-in: a GPU reservation without capabilities and an
+    unknown depends_on condition are errors."""
+    validator = Draft7Validator(json.loads(SCHEMA.read_text()))
+    broken = raw()
+    broken["services"]["vllm"]["deploy"]["resources"]["reservations"]["devices"][0].pop("capabilities")
+    broken["services"]["locust-worker"]["depends_on"]["locust-master"]["condition"] = "service_ready"
+    assert len(list(validator.iter_errors(broken))) >= 2
+
+
+def test_every_variable_has_a_default_and_only_secrets_default_to_empty():
+    text = "\n".join(strings(raw()))
+    assert not re.search(r"(?<!\$)\$[A-Za-z_]", text), "bare $VAR: write ${VAR:-default} (or $$ for a literal)"
+    for body in variable_references(text):
+        name, sep, default = body.partition(":-")
+        assert sep, f"${{{body}}} has no default (write ${{{name}:-...}})"
+        assert re.fullmatch(r"[A-Z][A-Z0-9_]*", name), f"${{{body}}}: not a variable name"
+        if name in EMPTY_DEFAULTS:
+            assert default == "", f"{name} must default to empty, not {default!r}"
+        else:
+            assert default, f"{name} needs a non-empty default"
+    for name in SECRETS - {"GRAFANA_ADMIN_PASSWORD"}:
+        assert f"${{{name}:-}}" in text, f"secret {name} is not wired"
+
+
+def test_secrets_never_reach_a_command_line():
+    """The exporter publishes the served container's command line; `ps` shows every command line."""
+    for name, service in raw()["services"].items():
+        argv = " ".join(command(service))
+        for secret in SECRETS:
+            assert secret not in argv, f"{name}: {secret} on the command line"
+
+
+# ----- paths, ports, images ------------------------------------------------------------------------------------
+
+
+def test_every_bind_mounted_host_path_exists_in_the_repo_and_is_read_only():
+    seen = 0
+    for name, service in services().items():
+        for source, target, mode in bind_mounts(service):
+            assert mode == "ro", f"{name}: {source} is mounted {mode}"
+            if source.startswith("~") or target == "/var/run/docker.sock":
+                continue
+            assert source.startswith("./"), f"{name}: host path {source} outside the repo"
+            assert (ROOT / source).exists(), f"{name}: {source} does not exist"
+            seen += 1
+    assert seen >= 5  # prometheus, alertmanager, two for grafana, the spec
+
+
+def test_named_volumes_are_declared():
+    declared = set(raw().get("volumes", {}))
+    for name, service in services().items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if not source.startswith((".", "/", "~")):
+                assert source in declared, f"{name}: volume {source} not declared at the top level"
+
+
+def test_every_published_port_is_bound_to_loopback():
+    for name, service in services().items():
+        for port in service.get("ports", []):
+            if isinstance(port, dict):
+                assert port.get("host_ip") == "127.0.0.1", f"{name}: {port}"
+            else:
+                assert str(port).startswith("127.0.0.1:"), f"{name}: {port} is published on every interface"
+
+
+def test_every_image_is_pinned_to_a_release():
+    for name, service in raw()["services"].items():
+        image = service["image"]
+        repository, _, tag = image.rpartition(":")
+        assert repository and tag and "/" not in tag, f"{name}: {image} has no tag"
+        assert tag != "latest" and "$" not in tag, f"{name}: {image} is not pinned"
+        if own_image(service):
+            assert image == "batchscope:local"  # built from this checkout, never pulled
+            continue
+        assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: {image} is not a release tag"
+    images = {service["image"].rpartition(":")[0] for service in raw()["services"].values()}
+    assert "grafana/grafana-oss" not in images  # not updated after 12.4.0
+    prometheus_tag = raw()["services"]["prometheus"]["image"].rpartition(":")[2]
+    assert prometheus_tag.startswith("v2."), "rules are tested with promtool 2.42; 3.x changes defaults"
+
+
+def test_dockerfile_base_is_pinned_runs_non_root_and_bakes_no_secrets():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    bases = re.findall(r"^FROM\s+(\S+)", dockerfile, re.MULTILINE)
+    assert bases and all(re.fullmatch(r"python:3\.11\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", b) for b in bases)
+    users = re.findall(r"^USER\s+(\S+)", dockerfile, re.MULTILINE)
+    assert users and users[-1] not in {"root", "0"}
+    assert not re.search(r"^(ENV|ARG)\s+.*(TOKEN|PASSWORD|SECRET|API_KEY)", dockerfile, re.MULTILINE)
+    assert re.search(r"pip install \.(\s|$)", dockerfile), "install the project without extras (no [test])"
+
+
+def test_dockerignore_keeps_env_files_and_the_venv_out_of_the_build_context():
+    lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert lines[0] == "*", "an allow-list: everything is excluded unless named"
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    assert not {".env", ".venv", ".git", "out"} & allowed
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for copied in re.findall(r"^COPY\s+(.+?)\s+\S+$", dockerfile, re.MULTILINE):
+        for path in copied.split():
+            assert path in allowed, f"Dockerfile copies {path}, which .dockerignore leaves out"
+            assert (ROOT / path).exists()
+
+
+# ----- healthchecks and start order ----------------------------------------------------------------------------
+
+
+def test_every_service_has_a_healthcheck_whose_tool_is_in_its_image():
+    for name, service in raw()["services"].items():
+        test = service.get("healthcheck", {}).get("test")
+        assert test and test[0] == "CMD", f"{name}: no exec-form healthcheck"
+        tool = test[1]
+        if own_image(service):
+            assert tool == OWN_IMAGE_TOOL, f"{name}: {tool} is not installed in our image"
+        else:
+            repository = service["image"].rpartition(":")[0]
+            assert repository in HEALTHCHECK_TOOLS, f"{name}: which tool does {repository} have?"
+            assert tool == HEALTHCHECK_TOOLS[repository], f"{name}: {repository} has {HEALTHCHECK_TOOLS[repository]}"
+        assert "localhost" not in " ".join(test), f"{name}: busybox/musl may resolve localhost to ::1 first"
+
+
+def test_depends_on_names_existing_services_with_a_condition_and_respects_profiles():
+    all_services = raw()["services"]
+    for name, service in all_services.items():
+        depends = service.get("depends_on", {})
+        assert isinstance(depends, dict), f"{name}: list form has no condition"
+        for target, spec in depends.items():
+            assert target in all_services, f"{name} depends on unknown {target}"
+            assert spec.get("condition") in {"service_healthy", "service_completed_successfully"}, (name, target)
+            assert "healthcheck" in all_services[target]
+            own_profiles = set(service.get("profiles", []))
+            target_profiles = set(all_services[target].get("profiles", []))
+            if target_profiles and not target_profiles & own_profiles:
+                # otherwise a plain `docker compose up` fails: the dependency is disabled by its profile
+                assert spec.get("required") is False, f"{name} -> {target} must be required: false"
+
+
+def test_the_load_generator_waits_for_whichever_server_it_targets():
+    depends = raw()["services"]["locust-master"]["depends_on"]
+    for target in ("simulator", "vllm"):
+        assert depends[target]["condition"] == "service_healthy"  # the model is resolved when the run begins
+
+
+# ----- the served target: simulator by default, vLLM with the gpu profile --------------------------------------
+
+
+@pytest.mark.parametrize("target", ["simulator", "vllm"])
+def test_exporter_and_load_generator_aim_at_the_same_compose_service(target):
+    env = {} if target == "simulator" else {"TARGET": "vllm"}
+    svc = services(env)
+    exporter, master = command(svc["exporter"]), command(svc["locust-master"])
+    docker_service = flag(exporter, "--docker-service")
+    assert docker_service == target and docker_service in svc
+    assert flag(exporter, "--vllm-url") == flag(master, "--host") == f"http://{target}:8000"
+    served = svc[target]
+    assert any(port.endswith(":8000") for port in served["ports"])
+    assert ("gpu" in served.get("profiles", [])) == (target == "vllm")
+    assert "profiles" not in svc["simulator"], "a bare `docker compose up` must bring up the simulator"
+
+
+def test_an_external_vllm_url_overrides_the_target_for_both():
+    svc = services({"VLLM_URL": "http://gpu-box:8000"})
+    assert flag(command(svc["exporter"]), "--vllm-url") == flag(command(svc["locust-master"]), "--host") == (
+        "http://gpu-box:8000")
+
+
+def test_simulator_and_vllm_get_the_same_knobs_with_the_seed_baseline_as_default():
+    svc = services()
+    sim, vllm = command(svc["simulator"]), svc["vllm"]["entrypoint"] + command(svc["vllm"])
+    for name, default in [("--max-num-seqs", "128"), ("--max-num-batched-tokens", "2048"),
+                          ("--gpu-memory-utilization", "0.92"), ("--max-model-len", "8192")]:
+        assert flag(sim, name) == flag(vllm, name) == default
+    assert sim[:3] == ["batchscope", "sim", "serve"] and vllm[:2] == ["vllm", "serve"]
+    assert sim[3] == vllm[2] == "meta-llama/Llama-3.1-8B-Instruct"
+    changed = services({"MAX_NUM_BATCHED_TOKENS": "8192"})
+    assert flag(command(changed["simulator"]), "--max-num-batched-tokens") == "8192"
+
+
+def test_the_simulator_command_is_a_valid_simulator_configuration():
+    """What `batchscope sim serve` would do with compose's arguments, short of serving: flags parse, and vLLM's
+    validation (KV cache holds one max_model_len request, batched tokens >= seqs) passes."""
+    from batchscope.cli import build_parser
+    from simulator.config import Deployment, ServeConfig
+
+    args = build_parser().parse_args(command(services()["simulator"])[1:])
+    fields = {k: v for k, v in vars(args).items() if k in ServeConfig.model_fields and v is not None}
+    deployment = Deployment(ServeConfig(**fields))
+    assert deployment.config.max_num_batched_tokens == 2048
+
+
+def test_the_exporter_command_parses_with_the_exporter_cli():
+    from batchscope.cli import build_parser
+
+    args = build_parser().parse_args(command(services()["exporter"])[1:])
+    assert (args.host, args.port, args.docker_service) == ("0.0.0.0", 9648, "simulator")
+    assert args.grafana_url == "http://grafana:3000"
+    master = command(services()["locust-master"])
+    assert args.loadgen_url == f"http://locust-master:{flag(master, '--metrics-port')}"
+
+
+def test_the_exporter_gets_grafana_credentials_from_the_environment_and_the_docker_socket_read_only():
+    exporter, grafana = raw()["services"]["exporter"], raw()["services"]["grafana"]
+    env = exporter["environment"]
+    assert env["BATCHSCOPE_GRAFANA_PASSWORD"] == grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    assert env["BATCHSCOPE_GRAFANA_USER"] == grafana["environment"]["GF_SECURITY_ADMIN_USER"]
+    assert env["BATCHSCOPE_GRAFANA_TOKEN"] == "${GRAFANA_TOKEN:-}"
+    assert "${DOCKER_SOCKET:-/var/run/docker.sock}:/var/run/docker.sock:ro" in exporter["volumes"]
+
+
+class _Container:
+    """What the docker SDK's Container offers the exporter: attrs, id, logs."""
+
+    def __init__(self, entrypoint, cmd):
+        self.id = "c1"
+        self.attrs = {"Config": {"Entrypoint": entrypoint, "Cmd": cmd},
+                      "State": {"StartedAt": "2026-11-30T10:00:00.123456789Z"}}
+
+    def logs(self, **_kwargs) -> bytes:
+        return b"INFO [cli.py:94] GPU KV cache size: 476,016 tokens\n"
+
+
+class _Client:
+    def __init__(self, by_service: dict[str, _Container]):
+        self.containers = self
+        self._by_service = by_service
+        self.filters = []
+
+    def list(self, filters):
+        self.filters.append(filters)
+        service = filters["label"].removeprefix("com.docker.compose.service=")
+        return [self._by_service[service]] if service in self._by_service else []
+
+
+@pytest.mark.parametrize("target", ["simulator", "vllm"])
+def test_the_exporter_reads_the_knobs_compose_sets_from_the_served_container(target):
+    """At the docker SDK boundary: the container compose creates (Entrypoint + Cmd as compose.yaml writes them),
+    found by the service label the exporter is given, yields the knobs; a changed knob is one diff line."""
+    from exporter.docker_source import DockerSource
+
+    def container(env):
+        svc = services({"TARGET": target, **env})
+        return _Container(svc[target].get("entrypoint"), command(svc[target])), flag(
+            command(svc["exporter"]), "--docker-service")
+
+    before, service = container({})
+    after, _ = container({"MAX_NUM_BATCHED_TOKENS": "8192"})
+    client = _Client({target: before})
+    view = DockerSource(lambda: client, service=service).read()
+    assert client.filters == [{"label": f"com.docker.compose.service={target}"}]
+    assert (view.config.model, view.config.max_num_seqs, view.config.max_num_batched_tokens) == (
+        "meta-llama/Llama-3.1-8B-Instruct", "128", "2048")
+    assert view.kv_cache_tokens == 476016
+    changed = DockerSource(lambda: _Client({target: after}), service=service).read()
+    assert changed.config.diff(view.config) == ["max_num_batched_tokens: 2048 → 8192"]
+
+
+# ----- the load generator ------------------------------------------------------------------------------------
+
+
+def test_locust_master_starts_the_mounted_spec_by_itself_and_serves_metrics_to_other_containers():
+    from loadgen.spec import load_spec
+
+    master = services()["locust-master"]
+    argv = command(master)
+    assert argv[:3] == ["locust", "-f", "loadgen/locustfile.py"] and (ROOT / argv[2]).exists()
+    assert "--master" in argv and "--autostart" in argv and "--headless" not in argv  # the web UI stays
+    spec_in_container = flag(argv, "--spec")
+    sources = [source for source, target, _ in bind_mounts(master) if target == spec_in_container]
+    assert len(sources) == 1 and (ROOT / sources[0]).is_file()
+    load_spec(str(ROOT / sources[0]), [])  # valid as the master will read it
+    assert flag(argv, "--metrics-host") == "0.0.0.0"
+    assert flag(argv, "--web-host") == "0.0.0.0"
+
+
+def test_locust_commands_parse_with_locust_and_the_batchscope_options():
+    """In a child process: Locust must be imported before requests/urllib3 (gevent's monkey-patching), which
+    other tests in this process have already imported."""
+    svc = services()
+    probe = (
+        "import json, sys\n"
+        "from locust.argument_parser import parse_options\n"
+        "import loadgen.listeners  # registers --spec, --metrics-host, ... on Locust's parser\n"
+        "print(json.dumps([vars(parse_options(argv)) for argv in json.loads(sys.argv[1])], default=str))\n")
+    argvs = [command(svc["locust-master"])[1:], command(svc["locust-worker"])[1:]]
+    done = subprocess.run([sys.executable, "-c", probe, json.dumps(argvs)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    master, worker = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (master["master"], master["autostart"], master["expect_workers"]) == (True, True, 1)
+    assert (master["spec"], master["metrics_port"], master["metrics_host"]) == (
+        "/etc/batchscope/spec.yaml", 9646, "0.0.0.0")
+    assert (worker["worker"], worker["master_host"], worker["master_port"]) == (True, "locust-master", 5557)
+
+
+def test_workers_scale_and_the_master_waits_for_all_of_them():
+    text = raw()["services"]
+    worker, master = text["locust-worker"], text["locust-master"]
+    assert "container_name" not in worker and "ports" not in worker  # --scale needs both absent
+    assert worker["deploy"]["replicas"] == flag(command(master), "--expect-workers") == "${LOCUST_WORKERS:-1}"
+    four = services({"LOCUST_WORKERS": "4"})
+    assert four["locust-worker"]["deploy"]["replicas"] == flag(command(four["locust-master"]), "--expect-workers")
+    assert worker["depends_on"]["locust-master"].get("restart") is True
+
+
+def test_no_service_but_the_worker_is_meant_to_scale():
+    for name, service in raw()["services"].items():
+        assert "container_name" not in service, f"{name}: a fixed name breaks two stacks on one engine"
+
+
+# ----- the gpu profile and the observability services ------------------------------------------------------
+
+
+def test_the_gpu_profile_service_reserves_gpus_and_keeps_hf_token_out_of_the_command():
+    gpu = {name: s for name, s in raw()["services"].items() if "gpu" in s.get("profiles", [])}
+    assert list(gpu) == ["vllm"]
+    vllm = gpu["vllm"]
+    devices = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    assert vllm["environment"]["HF_TOKEN"] == "${HF_TOKEN:-}"
+    assert any(v.endswith(":/root/.cache/huggingface") and not v.startswith((".", "/")) for v in vllm["volumes"])
+    assert "shm_size" in vllm or vllm.get("ipc") == "host"
+    assert vllm["healthcheck"]["test"][-1].count("/health")
+    period = vllm["healthcheck"]["start_period"]
+    assert period.endswith("m") and int(period[:-1]) >= 10, "weights download before /health answers"
+
+
+def test_prometheus_and_alertmanager_read_the_mounted_configs():
+    svc = services()
+    prometheus = svc["prometheus"]
+    assert ("./prometheus", "/etc/prometheus", "ro") in bind_mounts(prometheus)
+    assert "--config.file=/etc/prometheus/prometheus.yml" in command(prometheus)
+    alertmanager = svc["alertmanager"]
+    config = flag(command(alertmanager), "--config.file")
+    (source, target, _), = bind_mounts(alertmanager)
+    assert config.startswith(target + "/") and (ROOT / source / config[len(target) + 1:]).is_file()
+    assert "--cluster.listen-address=" in command(alertmanager)
+
+
+def test_prometheus_scrapes_only_hosts_this_stack_defines():
+    """prometheus/prometheus.yml (written beside this file) names its targets by compose service and port."""
+    config = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
+    svc = services()
+    targets = [t for job in config["scrape_configs"] for sc in job.get("static_configs", []) for t in sc["targets"]]
+    targets += [t for am in config["alerting"]["alertmanagers"] for sc in am["static_configs"] for t in sc["targets"]]
+    for target in targets:
+        host, port = target.rsplit(":", 1)
+        if host == "localhost":
+            continue
+        assert host in svc, f"prometheus.yml scrapes {target}: no such service"
+        argv = " ".join(command(svc[host]) + [p for p in svc[host].get("ports", [])])
+        assert port in argv, f"{host} does not listen on {port}"
+
+
+def test_grafana_home_dashboard_and_provisioning_come_from_the_repo():
+    grafana = services()["grafana"]
+    mounts = {target: source for source, target, _ in bind_mounts(grafana)}
+    assert mounts["/etc/grafana/provisioning"] == "./grafana/provisioning"
+    assert mounts["/var/lib/grafana/dashboards"] == "./grafana/dashboards"
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == "/var/lib/grafana/dashboards/overview.json" and (ROOT / "grafana/dashboards/overview.json").is_file()
+    env = grafana["environment"]
+    assert (env["GF_AUTH_ANONYMOUS_ENABLED"], env["GF_AUTH_ANONYMOUS_ORG_ROLE"]) == ("true", "Viewer")
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "admin"  # the default; every port is loopback-only
+
+
+def test_env_example_documents_every_variable_and_sets_no_secret():
+    documented = {}
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        match = re.fullmatch(r"#?\s?([A-Z][A-Z0-9_]*)=(.*)", line.strip())
+        if match:
+            documented[match.group(1)] = (line.startswith("#"), match.group(2))
+    used = {body.partition(":-")[0] for body in variable_references("\n".join(strings(raw())))}
+    assert used <= set(documented), f"undocumented: {used - set(documented)}"
+    assert set(documented) - used <= {"COMPOSE_PROFILES"}, f"not in compose.yaml: {set(documented) - used}"
+    for name in SECRETS:
+        commented, value = documented[name]
+        assert commented or value == "", f"{name} has a value in .env.example"
+    for name, (commented, _) in documented.items():
+        assert commented or name in SECRETS, f"{name} is set in .env.example: copying it would change defaults"
