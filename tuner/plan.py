@@ -1,0 +1,212 @@
+"""The tuning plan: locked conditions, a baseline, and variations that each change ONE serving parameter.
+
+The seed article's method as a file (YAML, validated by pydantic): lock the workload (the load generator's spec,
+inline or by path), take a baseline at the defaults, then change one parameter at a time. A variation that
+changes two parameters is refused unless it says `combination: true`. Every problem is one line naming the
+field (PlanError).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from loadgen.spec import WorkloadSpec
+
+SCHEMA_VERSION = 1
+# The serving parameters a variation may change: the seed's three knobs and the two lengths they depend on.
+TUNABLE = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "max_model_len", "block_size")
+
+
+class PlanError(ValueError):
+    """A plan problem, already phrased as one line naming the field."""
+
+
+class ServingParams(BaseModel):
+    """What `vllm serve` is started with for one run (flag names as vLLM's, underscores)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, description="Model name or path given to `vllm serve`.")
+    max_model_len: int = Field(gt=0, le=10_000_000, description="--max-model-len: prompt + output limit, tokens.")
+    max_num_seqs: int = Field(128, gt=0, le=100_000, description="--max-num-seqs: sequences per scheduler step.")
+    max_num_batched_tokens: int = Field(2048, gt=0, le=10_000_000,
+                                        description="--max-num-batched-tokens: tokens per scheduler step.")
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="--gpu-memory-utilization, in (0, 1].")
+    block_size: int = Field(16, gt=0, le=1024, description="--block-size: tokens per KV block.")
+    extra_flags: list[str] = Field(default_factory=list,
+                                   description="Other `vllm serve` flags, kept identical across runs.")
+
+    @model_validator(mode="after")
+    def _vllm_rules(self) -> ServingParams:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs (vLLM's rule)")
+        return self
+
+    def flags(self) -> list[str]:
+        """The `vllm serve` arguments after the model, in a fixed order."""
+        args = ["--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
+                "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+                "--gpu-memory-utilization", str(self.gpu_memory_utilization), "--block-size", str(self.block_size)]
+        return [*args, *self.extra_flags]
+
+
+class SimulatorBackend(BaseModel):
+    """Restart `batchscope sim serve` per setting (the embedded default)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["simulator"] = "simulator"
+    profile: str = Field("h100-llama-3.1-8b", description="Simulator profile name or YAML file.")
+    seed: int = Field(0, ge=0, description="Simulator seed.")
+
+
+class CommandBackend(BaseModel):
+    """Run a `vllm serve ...` command line as a subprocess per setting (a GPU box)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["command"] = "command"
+    command: str = Field("vllm serve {model} --host {host} --port {port} {flags}",
+                         description="Template; {model}, {host}, {port} and {flags} are filled in per run.")
+    host: str = Field("127.0.0.1", description="Address the server listens on.")
+    port: int = Field(8000, gt=0, lt=65536, description="Port the server listens on.")
+    startup_timeout_s: float = Field(1800.0, gt=0, description="Deadline for /health after a start, seconds.")
+
+
+class DockerBackend(BaseModel):
+    """Stop and re-create a vLLM container with the new flags (docker SDK), keeping everything else."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["docker"] = "docker"
+    container: str = Field(description="Name of the running vLLM container to re-create per setting.")
+    url: str = Field("http://127.0.0.1:8000", description="Base URL where the container's API answers.")
+    startup_timeout_s: float = Field(1800.0, gt=0, description="Deadline for /health after a start, seconds.")
+
+
+Backend = Annotated[SimulatorBackend | CommandBackend | DockerBackend, Field(discriminator="kind")]
+
+
+class Variation(BaseModel):
+    """One setting to compare with the baseline: the parameters it changes."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="Run name (a folder under results/<plan>/).")
+    set: dict[str, int | float] = Field(description="Parameters changed from the baseline, e.g. {max_num_seqs: 32}.")
+    combination: bool = Field(False, description="Allow more than one changed parameter (not one-knob).")
+
+    @field_validator("set")
+    @classmethod
+    def _known_parameters(cls, values: dict[str, int | float]) -> dict[str, int | float]:
+        unknown = sorted(set(values) - set(TUNABLE))
+        if unknown:
+            raise ValueError(f"unknown parameter {unknown[0]} (allowed: {', '.join(TUNABLE)})")
+        if not values:
+            raise ValueError("changes nothing")
+        return values
+
+    @model_validator(mode="after")
+    def _one_knob(self) -> Variation:
+        if len(self.set) > 1 and not self.combination:
+            raise ValueError(f"changes {len(self.set)} parameters ({', '.join(sorted(self.set))}); change one "
+                             "at a time, or mark it combination: true")
+        return self
+
+
+class Slos(BaseModel):
+    """Latency bounds a configuration must meet (p99, seconds), as MLPerf's server scenario."""
+
+    model_config = ConfigDict(extra="forbid")
+    ttft_p99_s: float | None = Field(2.0, gt=0, description="Bound on client p99 TTFT, seconds.")
+    tpot_p99_s: float | None = Field(0.2, gt=0, description="Bound on client p99 TPOT, seconds.")
+
+
+class Plan(BaseModel):
+    """A whole tuning plan."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Plan format version.")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="Plan name (results/<name>/).")
+    workload: WorkloadSpec = Field(description="The locked conditions: a load generator spec (inline, or a "
+                                               "path to one relative to the plan file).")
+    backend: Backend = Field(default_factory=SimulatorBackend, description="How a setting is applied.")
+    baseline: ServingParams = Field(description="The reference configuration (defaults: the seed's baseline).")
+    variations: list[Variation] = Field(default_factory=list, description="Settings compared with the baseline.")
+    repeats: int = Field(1, ge=1, le=100, description="Runs per setting (confidence intervals across repeats).")
+    warmup_s: float = Field(10.0, ge=0, le=86_400, description="Load before the window, seconds (not measured).")
+    window_s: float = Field(60.0, gt=0, le=86_400, description="Measurement window per run, seconds.")
+    slos: Slos = Field(default_factory=Slos, description="Bounds for the verdict (and MLPerf's server search).")
+    prometheus_url: str | None = Field(None, description="Prometheus to query for each run's window (optional).")
+    grafana_url: str | None = Field(None, description="Grafana to annotate each run as a region (optional).")
+
+    @model_validator(mode="after")
+    def _distinct_names(self) -> Plan:
+        names = [v.name for v in self.variations]
+        if "baseline" in names or len(set(names)) != len(names):
+            raise ValueError("variation names must be distinct and not 'baseline'")
+        return self
+
+    def settings(self) -> list[tuple[str, ServingParams]]:
+        """(name, parameters) of every setting, the baseline first; raises PlanError for an invalid one."""
+        out = [("baseline", self.baseline)]
+        for variation in self.variations:
+            try:
+                params = ServingParams.model_validate({**self.baseline.model_dump(), **variation.set})
+            except ValidationError as exc:
+                raise PlanError(one_line(exc, f"variations.{variation.name}")) from None
+            out.append((variation.name, params))
+        return out
+
+    def run_spec(self) -> WorkloadSpec:
+        """The workload of every run: the locked conditions with the plan's warm-up and window."""
+        return self.workload.model_copy(update={"warmup_s": self.warmup_s, "duration_s": self.window_s})
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan file; raise PlanError with one line naming the field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise PlanError(f"plan: cannot read {path}: {exc.strerror}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise PlanError(f"plan: {path} is not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"plan: {path} must hold a mapping of fields")
+    if isinstance(data.get("workload"), str):
+        data["workload"] = _read_workload(path.parent / data["workload"])
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as exc:
+        raise PlanError(one_line(exc)) from None
+    plan.settings()  # every variation applied to the baseline must itself be a valid configuration
+    return plan
+
+
+def one_line(exc: ValidationError, prefix: str = "") -> str:
+    """The first validation error as 'plan: field.path: message'."""
+    error = exc.errors()[0]
+    # drop pydantic's union-member names (e.g. "simulator", "function-after[...]") from the location
+    location = [str(part) for part in error["loc"] if not str(part).startswith(("function-", "tagged-union"))
+                and part not in ("simulator", "command", "docker", "concurrency", "poisson", "offline")]
+    field = ".".join(filter(None, [prefix, *location])) or "plan"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        message = f"kind must be one of: {', '.join(error['ctx'].get('expected_tags', '').split(', '))}" \
+            if "backend" in location else "mode must be one of: concurrency, poisson, offline"
+    return f"plan: {field}: {message}"
+
+
+def _read_workload(path: Path) -> dict:
+    try:
+        workload = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise PlanError(f"plan: workload: cannot read {path}: {exc.strerror}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise PlanError(f"plan: workload: {path} is not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(workload, dict):
+        raise PlanError(f"plan: workload: {path} must hold a mapping of fields")
+    return workload

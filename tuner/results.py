@@ -1,0 +1,126 @@
+"""What one tuning run leaves behind: the client's figures, the server's signals, and where they came from.
+
+A RunResult is written as `results/<plan>/<run>/run.json` (atomically: a temporary file renamed into place, so a
+run directory either has a complete run.json or is not finished). Real-time runs fill it from the load
+generator's summary and records and from vLLM's /metrics read before, during and after the window; what-if runs
+fill the same fields from the simulator's virtual clock. Units are seconds, tokens and requests.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+import batchscope
+from loadgen.spec import WorkloadSpec
+from loadgen.summary import Distribution
+from tuner.plan import ServingParams
+
+SCHEMA_VERSION = 1
+RUN_FILE = "run.json"
+
+
+class ClientFigures(BaseModel):
+    """The load generator's view of the measurement window (vllm bench serve's definitions)."""
+
+    ttft: Distribution = Field(description="Time to first token of completed requests, seconds.")
+    tpot: Distribution = Field(description="Time per output token, (E2E - TTFT) / (tokens - 1), seconds.")
+    itl: Distribution = Field(description="Inter-token latency, every gap pooled, seconds.")
+    e2e: Distribution = Field(description="End-to-end latency, seconds.")
+    completion_throughput_rps: float = Field(description="Requests completed ok in the window / window, req/s.")
+    output_tokens_per_s: float = Field(description="Output tokens that arrived in the window / window.")
+    completed: int = Field(description="Requests completed ok in the window.")
+    errors: int = Field(description="Requests that ended in a failure outcome in the window.")
+    window_s: float = Field(description="Measurement window length, seconds.")
+
+
+class RequestSamples(BaseModel):
+    """Per-request values of the window's completed requests, for confidence intervals across requests."""
+
+    ttft_s: list[float] = Field(default_factory=list, description="TTFT of each completed request, seconds.")
+    tpot_s: list[float] = Field(default_factory=list, description="TPOT of each completed request, seconds.")
+    itl_s: list[float] = Field(default_factory=list, description="Mean ITL of each completed request, seconds.")
+    e2e_s: list[float] = Field(default_factory=list, description="E2E of each completed request, seconds.")
+
+
+class ServerSignals(BaseModel):
+    """vLLM's side of the window, from /metrics deltas and samples (vLLM's own definitions)."""
+
+    preemptions: float = Field(description="Increase of vllm:num_preemptions_total over the window.")
+    prompt_tokens: float = Field(description="Increase of vllm:prompt_tokens_total over the window.")
+    generation_tokens: float = Field(description="Increase of vllm:generation_tokens_total over the window.")
+    requests_finished: float = Field(description="Increase of vllm:request_success_total (all reasons but abort).")
+    queue_time_mean_s: float | None = Field(description="Mean vllm:request_queue_time_seconds in the window.")
+    prefill_time_mean_s: float | None = Field(description="Mean vllm:request_prefill_time_seconds in the window.")
+    decode_time_mean_s: float | None = Field(description="Mean vllm:request_decode_time_seconds in the window.")
+    tokens_per_step_mean: float | None = Field(description="Mean vllm:iteration_tokens_total in the window.")
+    max_waiting: float = Field(description="Largest vllm:num_requests_waiting sampled in the window.")
+    max_running: float = Field(description="Largest vllm:num_requests_running sampled in the window.")
+    kv_usage_peak: float = Field(description="Largest vllm:kv_cache_usage_perc sampled in the window (0-1).")
+    kv_usage_mean: float = Field(description="Mean vllm:kv_cache_usage_perc over the window's samples (0-1).")
+    kv_capacity_tokens: int | None = Field(description="Tokens the KV cache holds ('GPU KV cache size').")
+
+
+class RunResult(BaseModel):
+    """One run of one setting: what was started, under which conditions, and what it measured."""
+
+    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Bumped on any breaking change.")
+    tool_version: str = Field(batchscope.__version__, description="batchscope version that wrote it.")
+    python: str = Field(platform.python_version(), description="Python version of the tuner.")
+    plan: str = Field(description="Plan name.")
+    setting: str = Field(description="'baseline' or the variation's name.")
+    repeat: int = Field(ge=0, description="Repeat index, from 0.")
+    mode: Literal["real-time", "what-if"] = Field(description="Measured in real time, or on the virtual clock.")
+    params: ServingParams = Field(description="The serving parameters of this run.")
+    conditions: WorkloadSpec = Field(description="The locked workload (warm-up and window included).")
+    command_line: list[str] = Field(default_factory=list, description="The server's command line (secrets masked).")
+    started_at: str = Field(description="Run start, ISO 8601 UTC.")
+    finished_at: str = Field(description="Run end, ISO 8601 UTC.")
+    status: Literal["ok", "failed"] = Field(description="'failed': the server did not start or the load failed.")
+    failure: str | None = Field(None, description="One line saying why a run failed.")
+    log_tail: list[str] = Field(default_factory=list, description="Last lines of the server's log (failed runs).")
+    client: ClientFigures | None = Field(None, description="The client's figures (None when failed).")
+    server: ServerSignals | None = Field(None, description="The server's signals (None when failed).")
+    samples: RequestSamples = Field(default_factory=RequestSamples, description="Per-request values.")
+    prometheus: dict[str, float | None] = Field(default_factory=dict,
+                                                description="Prometheus query results over the window, by name.")
+
+    @property
+    def run_name(self) -> str:
+        return run_name(self.setting, self.repeat)
+
+
+def run_name(setting: str, repeat: int) -> str:
+    """The run's folder under results/<plan>/."""
+    return f"{setting}-r{repeat}"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write a file so that readers see the old content or the whole new one, never a part (crash-safe)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def save(result: RunResult, plan_dir: Path) -> Path:
+    path = plan_dir / result.run_name / RUN_FILE
+    write_atomically(path, result.model_dump_json(indent=2))
+    return path
+
+
+def load_results(plan_dir: Path) -> list[RunResult]:
+    """Every finished run of a plan, in folder order."""
+    return [RunResult.model_validate_json(path.read_text()) for path in sorted(plan_dir.glob(f"*/{RUN_FILE}"))]
