@@ -1,17 +1,22 @@
 """Run the engine core on a virtual clock: minutes of load in a fraction of a second, deterministically.
 
 Used by the tests and for what-if runs: hand it a workload (arrival times and lengths) and it steps the
-engine from event to event, never sleeping.
+engine from event to event, never sleeping. ``run_virtual`` runs a fixed workload to its end; ``run_timed``
+runs a load that stops, as the load generator's does (closed-loop users with ``ClosedLoop``, or fixed arrivals
+with ``FixedArrivals``), cutting what is in flight at the stop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from simulator.engine import REASON_LENGTH, EngineCore
+from simulator.engine import REASON_LENGTH, EngineCore, Step
 
 
 @dataclass(frozen=True)
@@ -112,3 +117,157 @@ def _record(engine: EngineCore, slot: int, index: int, reason: int) -> RequestRe
         finish_reason="length" if reason == REASON_LENGTH else "stop",
         preemptions=int(engine.preemptions[slot]),
     )
+
+
+# ----- timed runs: a load that stops, as the load generator's does ---------------------------------------
+
+
+class FixedArrivals:
+    """Open-loop arrivals known in advance (Poisson, offline): the workload's requests at their times."""
+
+    def __init__(self, workload: Sequence[RequestSpec]) -> None:
+        self._workload = sorted(workload, key=lambda spec: spec.arrival)
+        self._next = 0
+
+    def next_time(self) -> float:
+        return self._workload[self._next].arrival if self._next < len(self._workload) else math.inf
+
+    def take(self) -> RequestSpec:
+        self._next += 1
+        return self._workload[self._next - 1]
+
+    def finished(self, index: int, now: float) -> None:
+        """Open loop: a completion changes nothing."""
+
+
+class ClosedLoop:
+    """N users, each sending its next request the moment its previous one ends (load mode `concurrency`).
+
+    User u sends its first request at u x ramp_up_s / N, as the load generator starts its users; no request is
+    sent at or after ``issue_until`` (the run's stop).
+    """
+
+    def __init__(self, users: int, prompt_len: int, max_tokens: int, ramp_up_s: float = 0.0,
+                 issue_until: float = math.inf) -> None:
+        self._template = (prompt_len, max_tokens)
+        self._issue_until = issue_until
+        self._due: list[tuple[float, int]] = [(u * ramp_up_s / users, u) for u in range(users)]
+        heapq.heapify(self._due)
+        self._user_of: list[int] = []  # request index -> user
+
+    def next_time(self) -> float:
+        moment = self._due[0][0] if self._due else math.inf
+        return moment if moment < self._issue_until else math.inf
+
+    def take(self) -> RequestSpec:
+        moment, user = heapq.heappop(self._due)
+        self._user_of.append(user)
+        return RequestSpec(moment, *self._template)
+
+    def finished(self, index: int, now: float) -> None:
+        heapq.heappush(self._due, (now, self._user_of[index]))
+
+
+class ArrivalSource(Protocol):
+    """Where a timed run's requests come from; request indices count ``take()`` calls from 0."""
+
+    def next_time(self) -> float: ...  # when the next request arrives (math.inf: none is due)
+
+    def take(self) -> RequestSpec: ...
+
+    def finished(self, index: int, now: float) -> None: ...
+
+
+StepObserver = Callable[[EngineCore, Step], None]
+
+
+@dataclass
+class TimedResult(SimulationResult):
+    """A timed run: run_virtual's result plus the load generator's accounting and every token gap."""
+
+    stop: float = math.inf
+    issued: int = 0
+    refused: int = 0  # arrivals not sent: max_in_flight requests were already in flight
+    cut: int = 0  # in flight at the stop (the load generator aborts them)
+    gaps: dict[int, np.ndarray] = field(default_factory=dict)  # request index -> its inter-token gaps, seconds
+
+
+def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf, *,
+              max_in_flight: int | None = None, on_step: StepObserver | None = None,
+              max_steps: int = 5_000_000) -> TimedResult:
+    """Step ``engine`` under ``source`` until ``stop``, or until idle with nothing due (stop = inf).
+
+    At ``stop`` the run ends as the load generator's does: the step running then never delivers and the
+    requests in flight are cut (counted, not recorded). ``on_step`` sees each step right after it is scheduled
+    (the batch it runs with), before its results apply. Token gaps are kept for every finished request.
+    """
+    result = TimedResult(stop=stop)
+    slot_to_index: dict[int, int] = {}
+    gap_index: list[np.ndarray] = []
+    gap_value: list[np.ndarray] = []
+    index_of = np.full(engine.state.size, -1, dtype=np.int64)  # slot -> request index, for vectorised lookups
+    now = waiting_area = running_area = 0.0
+    while result.steps < max_steps:
+        while source.next_time() <= now:
+            spec = source.take()
+            if max_in_flight is not None and len(slot_to_index) >= max_in_flight:
+                result.refused += 1  # keeps its index; open loop only (a closed loop never exceeds its users)
+                continue
+            slot = engine.add_request(spec.arrival, spec.prompt_len, spec.max_tokens, spec.ignore_eos,
+                                      spec.min_tokens)
+            slot_to_index[slot] = result.issued + result.refused
+            if slot >= index_of.size:
+                index_of = np.concatenate((index_of, np.full(max(slot + 1, engine.state.size) - index_of.size, -1)))
+            index_of[slot] = slot_to_index[slot]
+            result.issued += 1
+        step = engine.schedule(now)
+        if step is None:
+            due = source.next_time()
+            if due >= stop or due == math.inf:
+                now = stop if stop < math.inf else now  # idle to the stop: the run still lasted until then
+                break
+            now = due
+            continue
+        if on_step is not None:
+            on_step(engine, step)
+        if step.end > stop:
+            now = stop
+            break
+        result.max_waiting = max(result.max_waiting, engine.num_waiting)
+        waiting_area += engine.num_waiting * (step.end - step.start)
+        running_area += engine.num_running * (step.end - step.start)
+        result.max_kv_cache_usage = max(result.max_kv_cache_usage, engine.kv_cache_usage)
+        last_token = engine.last_token.copy()  # complete() overwrites it; the gap is measured from it
+        output = engine.complete(step, step.end)
+        result.steps += 1
+        now = step.end
+        decoded = output.token_slots[output.token_index > 1]
+        if decoded.size:
+            gap_index.append(index_of[decoded])
+            gap_value.append(now - last_token[decoded])
+        for slot, reason in zip(output.finished_slots.tolist(), output.finish_reasons.tolist(), strict=True):
+            index = slot_to_index.pop(slot)
+            result.records.append(_record(engine, slot, index, reason))
+            source.finished(index, now)
+    else:
+        raise RuntimeError(f"virtual run did not finish within max_steps={max_steps}")
+    result.cut = len(slot_to_index)
+    result.duration = now
+    if now > 0:
+        result.mean_waiting = waiting_area / now
+        result.mean_running = running_area / now
+    result.gaps = _group_gaps(gap_index, gap_value, {r.index for r in result.records})
+    return result
+
+
+def _group_gaps(indices: list[np.ndarray], values: list[np.ndarray], keep: set[int]) -> dict[int, np.ndarray]:
+    """Per-request gap arrays (in token order) for the requests in ``keep``; one sort instead of per-token work."""
+    if not indices:
+        return {}
+    index, value = np.concatenate(indices), np.concatenate(values)
+    order = np.argsort(index, kind="stable")  # stable: each request's gaps stay in time order
+    index, value = index[order], value[order]
+    bounds = np.flatnonzero(np.diff(index)) + 1
+    starts = np.concatenate(([0], bounds))
+    return {int(index[s]): part for s, part in zip(starts, np.split(value, bounds), strict=True)
+            if int(index[s]) in keep}
