@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
+import os
 import signal
+import socket
 import sys
 
 from pydantic import ValidationError
 
+from batchscope.secrets import mask_mapping
 from simulator.config import Deployment, ServeConfig, validation_message
 from simulator.profile import builtin_profiles
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 log = logging.getLogger("simulator")
 
@@ -42,15 +49,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    """Validate everything (flags, profile, files, the listening socket) before the first log line."""
     fields = {k: v for k, v in vars(args).items() if k in ServeConfig.model_fields and v is not None}
     try:
         deployment = Deployment(ServeConfig(**fields))
+        sock = _bind(deployment.config.host, deployment.config.port)
     except ValidationError as exc:
-        print(f"batchscope sim serve: error: {validation_message(exc)}", file=sys.stderr)
-        return 2
+        return _bad_input(validation_message(exc))
     except ValueError as exc:
-        print(f"batchscope sim serve: error: {exc}", file=sys.stderr)
-        return 1
+        return _bad_input(str(exc))
     _configure_logging()
     _log_startup(deployment)
     from simulator.server import serve  # aiohttp is only needed once we really serve
@@ -61,16 +68,40 @@ def run_serve(args: argparse.Namespace) -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         runner = asyncio.run
-    runner(_serve_until_signal(deployment, serve))
-    return 0
+    received = runner(_serve_until_signal(deployment, sock, serve))
+    return EXIT_INTERRUPTED if received == signal.SIGINT else 0
 
 
-async def _serve_until_signal(deployment: Deployment, serve) -> None:
+def _bad_input(message: str) -> int:
+    print(f"batchscope sim serve: error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before start-up as vLLM binds it, so a busy port or bad host fails at once."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"--host: cannot resolve {host!r} ({exc.strerror})") from None
+    try:
+        return socket.create_server(address, family=family, backlog=4096)
+    except OSError as exc:
+        # EADDRNOTAVAIL: the name resolves, but to an address this machine does not have
+        flag = "--host" if exc.errno == errno.EADDRNOTAVAIL else "--port"
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)  # create_server pads strerror with the address
+        raise ValueError(f"{flag}: cannot listen on {host}:{port} ({reason})") from None
+
+
+async def _serve_until_signal(deployment: Deployment, sock: socket.socket, serve) -> signal.Signals:
+    """Serve until SIGINT or SIGTERM; return which one, since an interrupt exits 130 and a stop exits 0."""
     stop = asyncio.Event()
+    received: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await serve(deployment, stop)
+        loop.add_signal_handler(sig, lambda sig=sig: (received.append(sig), stop.set()))
+    await serve(deployment, sock, stop)
+    return received[0]
 
 
 def _configure_logging() -> None:
@@ -88,7 +119,8 @@ def _log_startup(deployment: Deployment) -> None:
     config = deployment.config
     log.info("vLLM API server version %s (batchscope simulator, profile %s)", _vllm_version(),
              deployment.profile.name)
-    log.info("non-default args: %s", config.model_dump(exclude_defaults=True))
+    # masked like every shown config: the API key never reaches a log
+    log.info("non-default args: %s", mask_mapping(config.model_dump(exclude_defaults=True)))
     log.info("Chunked prefill is enabled with max_num_batched_tokens=%d.", config.max_num_batched_tokens)
     for line in deployment.kv_plan.log_lines():
         log.info("%s", line)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from simulator.cost import StepCostModel
 from simulator.engine import EngineCore, SchedulerLimits
@@ -30,8 +31,9 @@ class ServeConfig(BaseModel):
     )
     max_model_len: int | None = Field(None, gt=0, description="Prompt + output limit; defaults to the profile's.")
     block_size: BlockSize = Field(16, description="Tokens per KV cache block.")
-    api_key: str | None = Field(None, description="If set, /v1 routes require 'Authorization: Bearer <key>'.")
-    seed: int = Field(0, description="Seed for EOS draws, output tokens and fault injection.")
+    # SecretStr: a repr, a dump or a log line of the config shows the key as stars, never its value
+    api_key: SecretStr | None = Field(None, description="If set, /v1 routes require 'Authorization: Bearer <key>'.")
+    seed: int = Field(0, ge=0, description="Seed for EOS draws, output tokens and fault injection.")
     profile: str = Field("h100-llama-3.1-8b", description="Built-in profile name or a profile YAML file.")
     ground_truth_log: str | None = Field(None, description="JSONL file: per-request server-side timestamps.")
     fault_error_rate: float = Field(0.0, ge=0, le=1, description="Fraction of requests answered with HTTP 500.")
@@ -60,12 +62,17 @@ class ServeConfig(BaseModel):
         return self.served_model_name or self.model
 
 
+def flag_name(field: str) -> str:
+    """The command-line flag of a ServeConfig field (MODEL is positional)."""
+    return field if field == "model" else "--" + field.replace("_", "-")
+
+
 def validation_message(exc: ValidationError) -> str:
-    """One line naming the first bad field and what it allows."""
+    """One line naming the first bad flag and what it allows."""
     err = exc.errors()[0]
     message = err["msg"].removeprefix("Value error, ")
     field = ".".join(str(p) for p in err["loc"])
-    return f"{field}: {message}" if field else message  # model-level messages name their fields
+    return f"{flag_name(field)}: {message}" if field else message  # model-level messages name their fields
 
 
 class Deployment:
@@ -73,11 +80,12 @@ class Deployment:
 
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
+        _check_ground_truth_log(config.ground_truth_log)
         self.profile: Profile = load_profile(config.profile)
         self.max_model_len = config.max_model_len or self.profile.max_model_len
         if self.max_model_len > self.profile.max_model_len:
             raise ValueError(
-                f"max_model_len: {self.max_model_len} is greater than the derived max_model_len "
+                f"--max-model-len: {self.max_model_len} is greater than the derived max_model_len "
                 f"({self.profile.max_model_len}) of profile {self.profile.name}"
             )
         self.kv_plan: KvCachePlan = plan_kv_cache(
@@ -101,3 +109,14 @@ class Deployment:
         return EngineCore(
             self.limits(), StepCostModel(self.profile), self.profile.eos_probability, seed=self.config.seed
         )
+
+
+def _check_ground_truth_log(path: str | None) -> None:
+    """Fail at start-up, not at the first request, when the log cannot be created where asked."""
+    if path is None:
+        return
+    file = Path(path)
+    if file.is_dir():
+        raise ValueError(f"--ground-truth-log: {path} is a directory, not a file")
+    if not file.parent.is_dir():
+        raise ValueError(f"--ground-truth-log: folder {file.parent} does not exist")

@@ -77,17 +77,37 @@ def load_profile(name_or_path: str) -> Profile:
     """Load a built-in profile by name, or a YAML file by path; raise ValueError with a one-line reason."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
-            raise ValueError(f"profile: file {name_or_path} not found")
-        text = path.read_text()
+        text = _read_profile_file(path)
     else:
         if name_or_path not in builtin_profiles():
             allowed = ", ".join(builtin_profiles())
-            raise ValueError(f"profile: unknown profile {name_or_path!r} (allowed: {allowed}, or a YAML file)")
+            raise ValueError(f"--profile: unknown profile {name_or_path!r} (allowed: {allowed}, or a YAML file)")
         text = (resources.files("simulator") / "profiles" / f"{name_or_path}.yaml").read_text()
     try:
         return Profile.model_validate(yaml.safe_load(text))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--profile {path.name}: not valid YAML ({_yaml_problem(exc)})") from None
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
-        raise ValueError(f"profile {name_or_path}: {field}: {err['msg']}") from None
+        field = ".".join(str(p) for p in err["loc"]) or "top level"  # the document is not a mapping
+        raise ValueError(f"--profile {path.name}: {field}: {err['msg']}") from None
+
+
+def _read_profile_file(path: Path) -> str:
+    if not path.exists():
+        raise ValueError(f"--profile: file {path} not found")
+    if not path.is_file():
+        raise ValueError(f"--profile: {path} is not a file")
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ValueError(f"--profile: cannot read {path} ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--profile: {path} is not a UTF-8 text file") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's message spans several lines; keep its problem and where it is."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem

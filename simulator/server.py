@@ -1,8 +1,9 @@
 """The simulator's OpenAI-compatible HTTP server: vLLM's routes, response shapes, errors, auth and /metrics.
 
 Routes: POST /v1/completions, /v1/chat/completions (streaming and not), /tokenize, /detokenize; GET /v1/models,
-/health, /version, /metrics, and /sim/stats (simulator-only: step lag and token counts). Test hooks: injected
-500s, streams cut half-way, stalls before the response, and a ground-truth JSONL log of server timestamps.
+/health, /version, /metrics, and /sim/stats (simulator-only: step lag and token counts); other paths get
+FastAPI's JSON 404. Test hooks: injected 500s, streams cut half-way, stalls before the response, and a
+ground-truth JSONL log of server timestamps.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import itertools
 import json
 import logging
 import random
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from prometheus_client.process_collector import ProcessCollector
 from simulator import tokenizer
 from simulator.config import Deployment
 from simulator.metrics import VllmMetricsCollector
+from simulator.protocol import ApiError, DetokenizeFields, GenerationFields, TokenizeFields, check_sampling, parse
 from simulator.realtime import RealtimeEngine, RequestStream
 
 VLLM_VERSION = "0.13.0"
@@ -32,18 +35,6 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 log = logging.getLogger("simulator.server")
 # compact separators, as vLLM's FastAPI responses
 _dumps = functools.partial(json.dumps, separators=(",", ":"))
-
-
-class ApiError(Exception):
-    """An error answered with vLLM's JSON error body."""
-
-    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.err_type, self.param = status, message, err_type, param
-
-    def response(self) -> web.Response:
-        body = {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}}
-        return _json_response(body, status=self.status)
 
 
 @dataclass
@@ -95,6 +86,7 @@ class SimulatorServer:
         self.created = int(time.time())
         self._faults = random.Random(self.config.seed)
         self._request_seeds = itertools.count(self.config.seed * 1_000_003)
+        self._stalled = 0  # requests held by --fault-stall-*, shown by /sim/stats
         truth_path = self.config.ground_truth_log
         # line-buffered and kept open for the server's life: closed in _on_cleanup
         self._ground_truth = open(truth_path, "a", buffering=1) if truth_path else None  # noqa: SIM115
@@ -153,12 +145,18 @@ class SimulatorServer:
     @web.middleware
     async def _errors_and_auth(self, request: web.Request, handler):
         key = self.config.api_key
-        if key and request.path.startswith("/v1") and request.headers.get("Authorization") != f"Bearer {key}":
+        expected = f"Bearer {key.get_secret_value()}" if key else None
+        if expected and request.path.startswith("/v1") and request.headers.get("Authorization") != expected:
             return _json_response({"error": "Unauthorized"}, status=401)
         try:
             return await handler(request)
         except ApiError as exc:
-            return exc.response()
+            return _json_response(exc.body(), status=exc.status)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            # FastAPI's body for routing errors (unknown path, wrong method, body too large)
+            return _json_response({"detail": exc.reason}, status=exc.status)
 
     # ----- simple routes -------------------------------------------------------------------------------
 
@@ -176,7 +174,7 @@ class SimulatorServer:
         return _json_response({
             "steps": rt.steps, "tokens": rt.tokens, "step_lag_seconds": rt.lag_summary(),
             "num_requests_running": self.engine.num_running, "num_requests_waiting": self.engine.num_waiting,
-            "kv_cache_usage_perc": self.engine.kv_cache_usage,
+            "kv_cache_usage_perc": self.engine.kv_cache_usage, "num_requests_stalled": self._stalled,
         })
 
     async def models(self, _request: web.Request) -> web.Response:
@@ -195,51 +193,45 @@ class SimulatorServer:
         if "messages" in body:
             ids = tokenizer.encode_chat(_messages(body))
         else:
-            ids = _prompt_ids(body.get("prompt"), add_bos=body.get("add_special_tokens", True))
+            ids = _prompt_ids(body.get("prompt"), add_bos=parse(TokenizeFields, body).add_special_tokens)
         return _json_response({"count": len(ids), "max_model_len": self.deployment.max_model_len,
                                   "tokens": ids, "token_strs": None})
 
     async def detokenize(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
-        return _json_response({"prompt": tokenizer.decode(_prompt_ids(body.get("tokens"), add_bos=False))})
+        tokens = parse(DetokenizeFields, await _json_body(request)).tokens
+        _check_vocabulary(tokens, "tokens")
+        return _json_response({"prompt": tokenizer.decode(tokens)})
 
     # ----- generation ----------------------------------------------------------------------------------
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         arrival = time.time()
         body = await _json_body(request)
-        self._check_model(body)
+        fields = parse(GenerationFields, body)
+        self._check_model(fields)
         prompt_ids = _prompt_ids(body.get("prompt"), add_bos=True)
-        max_tokens = _int_param(body, "max_tokens", 16)
-        return await self._generate(request, arrival, self._validated(body, False, prompt_ids, max_tokens))
+        max_tokens = 16 if fields.max_tokens is None else fields.max_tokens
+        return await self._generate(request, arrival, self._validated(fields, False, prompt_ids, max_tokens))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         arrival = time.time()
         body = await _json_body(request)
-        self._check_model(body)
+        fields = parse(GenerationFields, body)
+        self._check_model(fields)
         prompt_ids = tokenizer.encode_chat(_messages(body))
-        default = max(self.deployment.max_model_len - len(prompt_ids), 1)
-        max_tokens = _int_param(body, "max_completion_tokens", None)
-        if max_tokens is None:
-            max_tokens = _int_param(body, "max_tokens", default)
-        return await self._generate(request, arrival, self._validated(body, True, prompt_ids, max_tokens))
+        max_tokens = next((n for n in (fields.max_completion_tokens, fields.max_tokens) if n is not None),
+                          max(self.deployment.max_model_len - len(prompt_ids), 1))
+        return await self._generate(request, arrival, self._validated(fields, True, prompt_ids, max_tokens))
 
-    def _check_model(self, body: dict) -> None:
-        model = body.get("model")
+    def _check_model(self, fields: GenerationFields) -> None:
+        model = fields.model
         if model is not None and model not in (self.config.name, self.config.model):
             raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
 
-    def _validated(self, body: dict, chat: bool, prompt_ids: list[int], max_tokens: int) -> GenerationRequest:
+    def _validated(self, fields: GenerationFields, chat: bool, prompt_ids: list[int],
+                   max_tokens: int) -> GenerationRequest:
         if not prompt_ids:
             raise ApiError(400, "The decoder prompt cannot be empty", param="prompt")
-        if max_tokens < 1:
-            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
-        min_tokens = _int_param(body, "min_tokens", 0)
-        if not 0 <= min_tokens <= max_tokens:
-            raise ApiError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got {min_tokens}.",
-                           param="min_tokens")
-        if _int_param(body, "n", 1) != 1:
-            raise ApiError(400, "n: the simulator supports n=1 only.", param="n")
         limit, prompt_len = self.deployment.max_model_len, len(prompt_ids)
         if prompt_len + max_tokens > limit:
             raise ApiError(
@@ -249,9 +241,9 @@ class SimulatorServer:
                 "Please reduce the length of the messages or completion.",
                 param="messages" if chat else "prompt",
             )
-        options = body.get("stream_options") or {}
-        return GenerationRequest(chat, prompt_ids, max_tokens, min_tokens, bool(body.get("ignore_eos", False)),
-                                 bool(body.get("stream", False)), bool(options.get("include_usage", False)))
+        check_sampling(fields, max_tokens)
+        return GenerationRequest(chat, prompt_ids, max_tokens, fields.min_tokens, fields.ignore_eos,
+                                 bool(fields.stream), fields.include_usage)
 
     async def _generate(self, request: web.Request, arrival: float, gen: GenerationRequest) -> web.StreamResponse:
         config = self.config
@@ -262,7 +254,7 @@ class SimulatorServer:
             raise ApiError(500, "Injected fault: internal server error.", "InternalServerError")
         cut = gen.stream and self._faults.random() < config.fault_cut_rate
         if self._faults.random() < config.fault_stall_rate:
-            await asyncio.sleep(config.fault_stall_s)
+            await self._stall(gen, timing)
         request_id = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex
         seed = next(self._request_seeds)
         stream = self.realtime.submit(len(gen.prompt_ids), gen.max_tokens, gen.ignore_eos, gen.min_tokens)
@@ -275,6 +267,19 @@ class SimulatorServer:
                 self.realtime.abort(stream)
                 timing.outcome = "cut" if timing.outcome == "cut" else "aborted"
             self._log_truth(gen, timing, stream.produced, stream.finish_reason)
+
+    async def _stall(self, gen: GenerationRequest, timing: _Timing) -> None:
+        """Hold the request; a client that gives up meanwhile is an abort, logged and counted as vLLM counts it."""
+        self._stalled += 1
+        try:
+            await asyncio.sleep(self.config.fault_stall_s)
+        except asyncio.CancelledError:  # aiohttp cancels the handler when its client disconnects
+            timing.outcome = "aborted"
+            self.engine.stats.record_aborted(1)
+            self._log_truth(gen, timing)
+            raise
+        finally:
+            self._stalled -= 1
 
     async def _stream(self, request, gen, stream: RequestStream, request_id, seed, cut, timing) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -411,15 +416,6 @@ async def _json_body(request: web.Request) -> dict:
     return body
 
 
-def _int_param(body: dict, name: str, default: int | None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, f"{name} must be an integer, got {value!r}.", param=name)
-    return value
-
-
 def _messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -434,19 +430,23 @@ def _prompt_ids(prompt: object, add_bos: bool) -> list[int]:
     if isinstance(prompt, str):
         return tokenizer.encode(prompt, add_bos=add_bos)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if any(not 0 <= t < tokenizer.VOCAB_SIZE for t in prompt):
-            raise ApiError(400, f"Token id out of vocabulary (0 <= id < {tokenizer.VOCAB_SIZE}).", param="prompt")
+        _check_vocabulary(prompt, "prompt")
         return list(prompt)
     raise ApiError(400, "prompt must be a string or a list of token ids (one prompt per request).", param="prompt")
 
 
-async def serve(deployment: Deployment, stop: asyncio.Event | None = None) -> None:
-    """Run the server until ``stop`` is set (or forever); logs vLLM's start-up lines."""
-    config = deployment.config
+def _check_vocabulary(ids: list[int], param: str) -> None:
+    if any(not 0 <= t < tokenizer.VOCAB_SIZE for t in ids):
+        raise ApiError(400, f"Token id out of vocabulary (0 <= id < {tokenizer.VOCAB_SIZE}).", param=param)
+
+
+async def serve(deployment: Deployment, sock: socket.socket, stop: asyncio.Event | None = None) -> None:
+    """Run the server on the bound ``sock`` until ``stop`` is set (or forever); logs vLLM's start-up lines."""
     server = SimulatorServer(deployment)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts its request
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=4096)
+    site = web.SockSite(runner, sock, backlog=4096)
     await site.start()
     host, port = runner.addresses[0][:2]
     log.info("Starting vLLM API server 0 on http://%s:%d", host, port)

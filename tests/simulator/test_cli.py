@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -16,18 +17,18 @@ def serve(*flags: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(("flags", "field", "code"), [
-    (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization: must be in (0, 1]", 2),
-    (["--gpu-memory-utilization", "0"], "gpu_memory_utilization: must be in (0, 1]", 2),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: must be in (0, 1]", 2),
+    (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization: must be in (0, 1]", 2),
     (["--max-num-seqs", "256", "--max-num-batched-tokens", "128"],
      "max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)", 2),
-    (["--block-size", "7"], "block_size: Input should be 1, 8, 16, 32, 64 or 128", 2),
+    (["--block-size", "7"], "--block-size: Input should be 1, 8, 16, 32, 64 or 128", 2),
     (["--max-num-seqs", "many"], "argument --max-num-seqs: invalid int value", 2),
-    (["--profile", "nope"], "allowed: h100-llama-3.1-8b, tiny", 1),
-    (["--gpu-memory-utilization", "0.25"], "gpu_memory_utilization", 1),
-    (["--gpu-memory-utilization", "0.3"], "To serve at least one request with the models's max seq len (131072)", 1),
-    (["--max-model-len", "200000"], "max_model_len: 200000 is greater than the derived max_model_len", 1),
+    (["--profile", "nope"], "allowed: h100-llama-3.1-8b, tiny", 2),
+    (["--gpu-memory-utilization", "0.25"], "gpu_memory_utilization", 2),
+    (["--gpu-memory-utilization", "0.3"], "To serve at least one request with the models's max seq len (131072)", 2),
+    (["--max-model-len", "200000"], "--max-model-len: 200000 is greater than the derived max_model_len", 2),
 ])
-def test_bad_flags_give_one_line_naming_the_field_and_a_nonzero_exit(flags, field, code):
+def test_bad_flags_give_one_line_naming_the_field_and_exit_2(flags, field, code):
     result = serve(*flags)
     assert result.returncode == code
     lines = result.stderr.strip().splitlines()
@@ -43,3 +44,12 @@ def test_startup_reproduces_the_measured_kv_capacity_line(simulator):
     assert "GPU KV cache size: 476,016 tokens" in log
     assert "Maximum concurrency for 8,192 tokens per request: 58.11x" in log
     assert "Available KV cache memory: 58.11 GiB" in log
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+def test_an_interrupt_exits_130_and_a_stop_exits_0(simulator, sig, code):
+    sim = simulator("--profile", "tiny")
+    sim.process.send_signal(sig)
+    assert sim.process.wait(timeout=10) == code
+    assert "Traceback" not in sim.log()

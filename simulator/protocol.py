@@ -1,0 +1,114 @@
+"""Request bodies read as vLLM reads them: its pydantic field types, then SamplingParams' checks and messages.
+
+Types are checked the way vLLM's pydantic models check them, in lax mode: ``"stream": "false"`` is False,
+``"max_tokens": "5"`` is 5, ``"stream": "maybe"`` is an HTTP 400. vLLM answers such a type error from FastAPI's
+validation handler (error type "Bad Request"), and a value SamplingParams rejects from the serving code
+(error type "BadRequestError"); both keep that distinction here.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class ApiError(Exception):
+    """An error answered with vLLM's JSON error body."""
+
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.err_type, self.param = status, message, err_type, param
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}}
+
+
+class _Body(BaseModel):
+    # vLLM's OpenAIBaseModel accepts fields it does not know (and logs them); so do we, silently
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Body):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class GenerationFields(_Body):
+    """The fields of vLLM's CompletionRequest / ChatCompletionRequest the simulator reads or checks."""
+
+    model: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    n: int | None = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    repetition_penalty: float | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class TokenizeFields(_Body):
+    add_special_tokens: bool = True
+
+
+class DetokenizeFields(_Body):
+    tokens: list[int]
+
+
+def parse(model: type[Model], body: dict) -> Model:
+    """``body`` as ``model``, or the 400 vLLM's RequestValidationError handler answers."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise ApiError(400, _validation_text(exc), err_type="Bad Request") from None
+
+
+def _validation_text(exc: ValidationError) -> str:
+    """FastAPI's text for a request validation error: the count, then one line per error at ('body', field)."""
+    errors = [{"type": e["type"], "loc": ("body", *e["loc"]), "msg": e["msg"], "input": e["input"]}
+              for e in exc.errors(include_url=False)]
+    plural = "s" if len(errors) != 1 else ""
+    return f"{len(errors)} validation error{plural}:\n" + "".join(f"  {e}\n" for e in errors)
+
+
+def check_sampling(fields: GenerationFields, max_tokens: int) -> None:
+    """SamplingParams._verify_args for the fields the simulator accepts, with vLLM's messages (and params)."""
+    if fields.n is not None and fields.n < 1:
+        raise ApiError(400, f"n must be at least 1, got {fields.n}.")
+    if fields.n not in (None, 1):
+        raise ApiError(400, f"n must be 1: the simulator generates one choice per request, got {fields.n}.",
+                       param="n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(fields, name)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise ApiError(400, f"{name} must be in [-2, 2], got {value}.")
+    if fields.repetition_penalty is not None and not fields.repetition_penalty > 0.0:
+        raise ApiError(400, f"repetition_penalty must be greater than zero, got {fields.repetition_penalty}.")
+    if fields.temperature is not None and fields.temperature < 0.0:
+        raise ApiError(400, f"temperature must be non-negative, got {fields.temperature}.", param="temperature")
+    if fields.top_p is not None and not 0.0 < fields.top_p <= 1.0:
+        raise ApiError(400, f"top_p must be in (0, 1], got {fields.top_p}.", param="top_p")
+    if fields.top_k is not None and fields.top_k < -1:  # vLLM quietly accepts -1 as "disabled"
+        raise ApiError(400, f"top_k must be 0 (disable), or at least 1, got {fields.top_k}.")
+    if fields.min_p is not None and not 0.0 <= fields.min_p <= 1.0:
+        raise ApiError(400, f"min_p must be in [0, 1], got {fields.min_p}.")
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+    if fields.min_tokens < 0:
+        raise ApiError(400, f"min_tokens must be greater than or equal to 0, got {fields.min_tokens}.")
+    if fields.min_tokens > max_tokens:
+        raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                            f"got {fields.min_tokens}.")
