@@ -44,10 +44,12 @@ def test_closed_loop_users_start_over_the_ramp_up_and_send_on_completion() -> No
 
 def test_stop_cuts_in_flight_requests_and_undelivered_steps() -> None:
     workload = [RequestSpec(0.0, 256, 1000) for _ in range(8)]
-    run = run_timed(engine_for(), FixedArrivals(workload), stop=2.0)
-    assert run.records == [] and run.cut == 8 and run.duration == 2.0
     engine = engine_for()
-    assert engine.stats.generation_tokens == 0
+    run = run_timed(engine, FixedArrivals(workload), stop=2.0)
+    assert run.records == [] and run.cut == 8 and run.duration == 2.0
+    # tokens came out until the stop, only from steps that ended by then
+    assert 0 < engine.stats.generation_tokens < 8 * 1000
+    assert engine.stats.iteration_tokens.count == run.steps
 
 
 def test_fixed_arrivals_without_a_stop_match_run_virtual_and_keep_exact_gaps() -> None:

@@ -1,0 +1,182 @@
+"""What-if runs: one setting of a plan on the simulator's virtual clock, as a RunResult like a real run's.
+
+Same workload as the real-time run (``Plan.run_spec()``: warm-up, window, load mode and level, lengths, seed +
+repeat), same engine as `batchscope sim serve` (the plan's simulator profile, or the default h100 one for the
+command and docker backends), but stepped from event to event instead of in real time: a one-minute window
+takes a fraction of a second.
+
+The figures follow the load generator's summary (loadgen/summary.py), with the virtual times for the client's:
+- the window is [warm-up, warm-up + window] (offline: to the last request's end); a request belongs to it when
+  it ended in it; completion throughput = those / window; output tokens/s = tokens delivered in it / window;
+- TTFT = first token - arrival, E2E = last token - arrival, TPOT = (E2E - TTFT) / (tokens - 1);
+- ITL is exact: every gap between a completed request's consecutive tokens, pooled (per-step gaps, not TPOT);
+- at the stop, requests in flight are cut, as the load generator aborts them; they count in no figure.
+Server signals are the engine's own statistics over the same window: counter deltas and histogram means from a
+snapshot taken before the first step that delivers in the window, and time-weighted KV usage and queue sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import ValidationError
+
+from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
+from loadgen.summary import Distribution
+from simulator.config import Deployment, ServeConfig, validation_message
+from simulator.engine import EngineCore, Step
+from simulator.stats import EngineStats
+from simulator.virtual import ClosedLoop, FixedArrivals, RequestSpec, TimedResult, run_timed
+from tuner.plan import Plan, ServingParams, SimulatorBackend
+from tuner.results import ClientFigures, RequestSamples, RunResult, ServerSignals, now_iso
+
+DEFAULT_PROFILE = SimulatorBackend().profile
+
+
+def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) -> RunResult:
+    """Run one setting of ``plan`` on the virtual clock; a configuration the simulator refuses is a failed run."""
+    spec = plan.run_spec()
+    started = now_iso()
+    base = dict(plan=plan.name, setting=setting, repeat=repeat, mode="what-if", params=params, conditions=spec,
+                command_line=["batchscope", "sim", "serve", params.model, *params.flags()], started_at=started)
+    try:
+        deployment = _deployment(plan, params)
+    except ValueError as exc:  # ValidationError is a ValueError too
+        line = validation_message(exc) if isinstance(exc, ValidationError) else str(exc)
+        return RunResult(**base, finished_at=now_iso(), status="failed", failure=f"server refused: {line}")
+    too_long = spec.input_tokens + spec.output_tokens > deployment.max_model_len
+    if too_long:
+        # vLLM answers 400 to every request, and the load generator's run fails with that answer
+        return RunResult(**base, finished_at=now_iso(), status="failed",
+                         failure=f"every request is rejected: input_tokens + output_tokens = "
+                                 f"{spec.input_tokens + spec.output_tokens} > max_model_len {deployment.max_model_len}")
+    engine = deployment.new_engine()
+    window = WindowStats(start=spec.warmup_s)
+    run = run_timed(engine, _source(spec, repeat), _stop(spec), max_in_flight=_cap(spec), on_step=window.observe)
+    end = run.duration if isinstance(spec.load, OfflineLoad) else spec.warmup_s + spec.duration_s
+    window.close(engine, end)
+    server = window.signals(deployment.kv_plan.kv_cache_tokens)
+    client, samples = client_figures(run, window.start, end, server.generation_tokens)
+    failure = None if client.completed else "no request completed in the measurement window"
+    return RunResult(**base, finished_at=now_iso(), status="failed" if failure else "ok", failure=failure,
+                     client=client, server=server, samples=samples)
+
+
+def _deployment(plan: Plan, params: ServingParams) -> Deployment:
+    backend = plan.backend
+    profile, seed = (backend.profile, backend.seed) if isinstance(backend, SimulatorBackend) else (DEFAULT_PROFILE, 0)
+    # extra_flags are vLLM flags the simulator has no model of; they are the same in every run of a plan
+    return Deployment(ServeConfig(
+        model=params.model, max_model_len=params.max_model_len, max_num_seqs=params.max_num_seqs,
+        max_num_batched_tokens=params.max_num_batched_tokens, gpu_memory_utilization=params.gpu_memory_utilization,
+        block_size=params.block_size, profile=profile, seed=seed))
+
+
+def _source(spec: WorkloadSpec, repeat: int) -> ClosedLoop | FixedArrivals:
+    load, lengths = spec.load, (spec.input_tokens, spec.output_tokens)
+    if isinstance(load, ConcurrencyLoad):
+        return ClosedLoop(load.concurrency, *lengths, ramp_up_s=load.ramp_up_s, issue_until=_stop(spec))
+    if isinstance(load, OfflineLoad):
+        return FixedArrivals([RequestSpec(0.0, *lengths) for _ in range(load.requests)])
+    arrivals = poisson_arrivals(load.rate, _stop(spec), spec.seed + repeat)
+    return FixedArrivals([RequestSpec(t, *lengths) for t in arrivals.tolist()])
+
+
+def poisson_arrivals(rate: float, until: float, seed: int) -> np.ndarray:
+    """Arrival times in [0, until) at exponential gaps, drawn as the load generator's single worker draws them."""
+    rng = np.random.default_rng([seed, 0])
+    times = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * until * 1.2) + 64))
+    while times[-1] < until:  # rarely: the draw fell short of the window
+        times = np.concatenate((times, times[-1] + np.cumsum(rng.exponential(1.0 / rate, size=times.size))))
+    return times[times < until]
+
+
+def _stop(spec: WorkloadSpec) -> float:
+    # offline ends when its last request does; the others stop at the end of the window
+    return math.inf if isinstance(spec.load, OfflineLoad) else spec.warmup_s + spec.duration_s
+
+
+def _cap(spec: WorkloadSpec) -> int | None:
+    return spec.load.max_in_flight if isinstance(spec.load, PoissonLoad) else None
+
+
+@dataclass
+class WindowStats:
+    """The server's side of the window: a stats snapshot at its start and time-weighted samples within it."""
+
+    start: float
+    end: float = math.inf
+    before: dict[str, float] | None = None
+    max_waiting: int = 0
+    max_running: int = 0
+    kv_peak: float = 0.0
+    kv_area: float = 0.0
+    after: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, engine: EngineCore, step: Step) -> None:
+        """Called with each step as scheduled, before its results apply (run_timed's on_step)."""
+        if self.before is None and step.end >= self.start:
+            self.before = snapshot(engine.stats)  # this step delivers in the window: count from here
+        if step.end < self.start:
+            return
+        overlap = min(step.end, self.end) - max(step.start, self.start)
+        self.max_waiting = max(self.max_waiting, engine.num_waiting)
+        self.max_running = max(self.max_running, engine.num_running)
+        self.kv_peak = max(self.kv_peak, engine.kv_cache_usage)
+        self.kv_area += engine.kv_cache_usage * overlap  # idle time between steps holds no KV
+
+    def close(self, engine: EngineCore, end: float) -> None:
+        self.end = end
+        self.after = snapshot(engine.stats)
+        if self.before is None:
+            self.before = self.after
+
+    def signals(self, kv_capacity_tokens: int) -> ServerSignals:
+        delta = {name: self.after[name] - self.before[name] for name in self.after}
+
+        def mean(name: str) -> float | None:
+            count = delta[f"{name}_count"]
+            return delta[f"{name}_sum"] / count if count else None
+
+        return ServerSignals(
+            preemptions=delta["preemptions"], prompt_tokens=delta["prompt_tokens"],
+            generation_tokens=delta["generation_tokens"], requests_finished=delta["finished"],
+            queue_time_mean_s=mean("queue"), prefill_time_mean_s=mean("prefill"), decode_time_mean_s=mean("decode"),
+            tokens_per_step_mean=mean("step_tokens"), max_waiting=self.max_waiting, max_running=self.max_running,
+            kv_usage_peak=self.kv_peak, kv_usage_mean=self.kv_area / max(self.end - self.start, 1e-9),
+            kv_capacity_tokens=kv_capacity_tokens)
+
+
+def snapshot(stats: EngineStats) -> dict[str, float]:
+    """The counters and histogram sums/counts the window's signals are deltas of."""
+    values = {"preemptions": stats.num_preemptions, "prompt_tokens": stats.prompt_tokens,
+              "generation_tokens": stats.generation_tokens,
+              "finished": sum(n for reason, n in stats.request_success.items() if reason != "abort")}
+    for name, histogram in (("queue", stats.request_queue_time), ("prefill", stats.request_prefill_time),
+                            ("decode", stats.request_decode_time), ("step_tokens", stats.iteration_tokens)):
+        values[f"{name}_sum"], values[f"{name}_count"] = histogram.sum, histogram.count
+    return values
+
+
+def client_figures(run: TimedResult, start: float, end: float, output_tokens: float
+                   ) -> tuple[ClientFigures, RequestSamples]:
+    """The load generator's summary rule on the virtual records: requests that ended in [start, end].
+
+    ``output_tokens``: tokens delivered in the window, cut requests' included (the engine's count).
+    """
+    ended = [r for r in run.records if start <= r.finished <= end]
+    duration = max(end - start, 1e-9)
+    ttft = [r.first_token - r.arrival for r in ended]
+    e2e = [r.finished - r.arrival for r in ended]
+    tpot = [(r.finished - r.first_token) / (r.output_tokens - 1) for r in ended if r.output_tokens > 1]
+    gaps = [run.gaps[r.index] for r in ended if r.index in run.gaps]
+    itl = np.concatenate(gaps) if gaps else np.zeros(0)
+    client = ClientFigures(
+        ttft=Distribution.of(ttft), tpot=Distribution.of([t for t in tpot if t]), itl=Distribution.of(itl),
+        e2e=Distribution.of(e2e), completion_throughput_rps=len(ended) / duration,
+        output_tokens_per_s=output_tokens / duration, completed=len(ended), errors=0,
+        window_s=duration)
+    samples = RequestSamples(ttft_s=ttft, tpot_s=tpot, itl_s=[float(g.mean()) for g in gaps], e2e_s=e2e)
+    return client, samples
