@@ -13,6 +13,8 @@ The figures follow the load generator's summary (loadgen/summary.py), with the v
 - at the stop, requests in flight are cut, as the load generator aborts them; they count in no figure.
 Server signals are the engine's own statistics over the same window: counter deltas and histogram means from a
 snapshot taken before the first step that delivers in the window, and time-weighted KV usage and queue sizes.
+The virtual clock has no noise: repeats differ only in their Poisson arrivals (seed + repeat); closed-loop and
+offline repeats are identical, so their confidence intervals across repeats have zero width.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) ->
     """Run one setting of ``plan`` on the virtual clock; a configuration the simulator refuses is a failed run."""
     spec = plan.run_spec()
     started = now_iso()
+    profile, seed = _profile_and_seed(plan)
+    command = ["batchscope", "sim", "serve", params.model, *params.flags(), "--profile", profile, "--seed", str(seed)]
     base = dict(plan=plan.name, setting=setting, repeat=repeat, mode="what-if", params=params, conditions=spec,
-                command_line=["batchscope", "sim", "serve", params.model, *params.flags()], started_at=started)
+                command_line=command, started_at=started)
     try:
-        deployment = _deployment(plan, params)
+        deployment = _deployment(params, profile, seed)
     except ValueError as exc:  # ValidationError is a ValueError too
         line = validation_message(exc) if isinstance(exc, ValidationError) else str(exc)
         return RunResult(**base, finished_at=now_iso(), status="failed", failure=f"server refused: {line}")
@@ -64,9 +68,12 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) ->
                      client=client, server=server, samples=samples)
 
 
-def _deployment(plan: Plan, params: ServingParams) -> Deployment:
+def _profile_and_seed(plan: Plan) -> tuple[str, int]:
     backend = plan.backend
-    profile, seed = (backend.profile, backend.seed) if isinstance(backend, SimulatorBackend) else (DEFAULT_PROFILE, 0)
+    return (backend.profile, backend.seed) if isinstance(backend, SimulatorBackend) else (DEFAULT_PROFILE, 0)
+
+
+def _deployment(params: ServingParams, profile: str, seed: int) -> Deployment:
     # extra_flags are vLLM flags the simulator has no model of; they are the same in every run of a plan
     return Deployment(ServeConfig(
         model=params.model, max_model_len=params.max_model_len, max_num_seqs=params.max_num_seqs,
