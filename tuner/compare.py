@@ -59,14 +59,14 @@ class MetricDef:
     better: Literal["lower", "higher"] | None
     read: Callable[[RunResult], float | None]
     samples: str | None = None  # RequestSamples field to resample (latency percentiles)
-    percentile: float | None = None
+    percentile: float | None = None  # one of _Bootstrap.PERCENTILES
     count: Callable[[RunResult], float] | None = None  # the Poisson count behind a rate or total
 
 
 def _latency(name: str, q: int) -> MetricDef:
     label = name.upper() if name != "e2e" else "E2E"
     return MetricDef(f"{name}_p{q}", f"{label} p{q}", "s", "lower",
-                     lambda r: getattr(getattr(r.client, name), f"p{q}"), f"{name}_s", q)
+                     lambda r: getattr(getattr(r.client, name), f"p{q}"), f"{name}_s", float(q))
 
 
 METRICS: tuple[MetricDef, ...] = (
@@ -182,7 +182,7 @@ class Comparison(BaseModel):
     slos: Slos = Field(description="Bounds used for met_slos.")
     confidence: float = Field(CONFIDENCE, description="Confidence level of the intervals.")
     resamples: int = Field(RESAMPLES, description="Bootstrap resamples per interval.")
-    seed: int = Field(SEED, description="Base seed of the bootstrap (per interval: crc32 of setting/metric).")
+    seed: int = Field(SEED, description="Base seed of the bootstrap (one stream per setting and quantity).")
     ci_basis: Literal["repeats", "requests"] = Field(description="'repeats' when every setting has >= 2 ok "
                                                      "repeats, else 'requests' (one repeat: across requests).")
     settings: list[SettingSummary] = Field(description="Baseline first, then the variations in plan order.")
@@ -212,11 +212,12 @@ def compare(results: list[RunResult], slos: Slos, *, order: list[str] | None = N
     params = {name: runs[0].params for name, runs in groups.items()}
     settings = [_summarise(name, params[name], groups[name], ok[name], slos) for name in groups]
     base = ok.get(BASELINE, [])
+    boot = _Bootstrap(resamples, seed)
     variations = []
     for name in groups:
         if name == BASELINE:
             continue
-        deltas = [_delta(metric, base, ok[name], basis, resamples, seed, name) for metric in METRICS]
+        deltas = [_delta(metric, base, ok[name], basis, boot, name) for metric in METRICS]
         variation = VariationComparison(setting=name, changed=changed_params(params.get(BASELINE), params[name]),
                                         metrics=deltas, explanation="")
         variations.append(variation)
@@ -307,16 +308,15 @@ def meets_slos(values: dict[str, float | None], slos: Slos) -> bool:
     return True
 
 
-def _delta(metric: MetricDef, base: list[RunResult], runs: list[RunResult], basis: str, resamples: int,
-           seed: int, setting: str) -> MetricDelta:
+def _delta(metric: MetricDef, base: list[RunResult], runs: list[RunResult], basis: str, boot: _Bootstrap,
+           setting: str) -> MetricDelta:
     baseline = _mean([metric.read(r) for r in base])
     value = _mean([metric.read(r) for r in runs])
     delta = None if baseline is None or value is None else value - baseline
     relative = delta / baseline if delta is not None and baseline else None
     interval, method = None, "n/a"
     if delta is not None:
-        rng = np.random.default_rng([seed, zlib.crc32(f"{setting}/{metric.key}".encode())])
-        interval, method = _interval(metric, base, runs, basis, delta, rng, resamples)
+        interval, method = _interval(metric, base, runs, basis, delta, boot, setting)
     low, high = interval if interval is not None else (None, None)
     return MetricDelta(metric=metric.key, label=metric.label, unit=metric.unit, better=metric.better,
                        baseline=baseline, value=value, delta=delta, relative=relative, ci_low=low, ci_high=high,
@@ -324,26 +324,26 @@ def _delta(metric: MetricDef, base: list[RunResult], runs: list[RunResult], basi
 
 
 def _interval(metric: MetricDef, base: list[RunResult], runs: list[RunResult], basis: str, delta: float,
-              rng: np.random.Generator, resamples: int) -> tuple[tuple[float, float] | None, Method]:
+              boot: _Bootstrap, setting: str) -> tuple[tuple[float, float] | None, Method]:
     if basis == "repeats":
         a = np.array([v for v in (metric.read(r) for r in base) if v is not None])
         b = np.array([v for v in (metric.read(r) for r in runs) if v is not None])
         if a.size < 2 or b.size < 2:
             return None, "n/a"
-        draws = _resample_means(b, rng, resamples) - _resample_means(a, rng, resamples)
+        rng = boot.rng(setting, metric.key)
+        draws = _resample_means(b, rng, boot.resamples) - _resample_means(a, rng, boot.resamples)
         return _quantiles(draws), "repeats"
     if metric.samples is not None:
-        a = np.concatenate([getattr(r.samples, metric.samples) for r in base] or [[]]).astype(float)
-        b = np.concatenate([getattr(r.samples, metric.samples) for r in runs] or [[]]).astype(float)
-        if a.size < 2 or b.size < 2:
+        a = boot.percentiles(BASELINE, metric.samples, base)
+        b = boot.percentiles(setting, metric.samples, runs)
+        if a is None or b is None:
             return None, "n/a"
-        point = np.percentile(b, metric.percentile) - np.percentile(a, metric.percentile)
-        draws = (_resample_percentiles(b, metric.percentile, rng, resamples)
-                 - _resample_percentiles(a, metric.percentile, rng, resamples))
-        # centre on the reported delta: same as the samples' for TTFT/TPOT/E2E, ITL's pools gaps instead
-        return _quantiles(draws + (delta - point)), "requests"
+        q = metric.percentile
+        # centre on the reported delta: the same as the samples' for TTFT/TPOT/E2E, ITL's pools gaps instead
+        return _quantiles(b.draws[q] - a.draws[q] + (delta - (b.point[q] - a.point[q]))), "requests"
     if metric.count is not None:
-        draws = _poisson_rate(metric, runs, rng, resamples) - _poisson_rate(metric, base, rng, resamples)
+        rng = boot.rng(setting, metric.key)
+        draws = _poisson_rate(metric, runs, rng, boot.resamples) - _poisson_rate(metric, base, rng, boot.resamples)
         return _quantiles(draws), "poisson"
     return None, "n/a"
 
@@ -352,12 +352,49 @@ def _resample_means(values: np.ndarray, rng: np.random.Generator, resamples: int
     return values[rng.integers(0, values.size, (resamples, values.size))].mean(axis=1)
 
 
-def _resample_percentiles(values: np.ndarray, q: float, rng: np.random.Generator, resamples: int) -> np.ndarray:
-    out = np.empty(resamples)
-    for start in range(0, resamples, CHUNK):
-        n = min(CHUNK, resamples - start)
-        out[start:start + n] = np.percentile(values[rng.integers(0, values.size, (n, values.size))], q, axis=1)
-    return out
+@dataclass
+class _Resampled:
+    point: dict[float, float]  # percentile -> value of the pooled samples
+    draws: dict[float, np.ndarray]  # percentile -> its bootstrap draws
+
+
+class _Bootstrap:
+    """Seeded resampling shared by one comparison: each setting's requests are resampled once, for every
+    percentile at a time, and the baseline's draws serve every variation (the costly part, done once)."""
+
+    PERCENTILES = (50.0, 99.0)
+
+    def __init__(self, resamples: int, seed: int):
+        self.resamples, self.seed = resamples, seed
+        self._cache: dict[tuple[str, str], _Resampled | None] = {}
+
+    def rng(self, setting: str, name: str) -> np.random.Generator:
+        # one stream per (setting, quantity): a result does not depend on which other settings were compared
+        return np.random.default_rng([self.seed, zlib.crc32(f"{setting}/{name}".encode())])
+
+    def percentiles(self, setting: str, field: str, runs: list[RunResult]) -> _Resampled | None:
+        key = (setting, field)
+        if key not in self._cache:
+            values = np.concatenate([getattr(r.samples, field) for r in runs] or [[]]).astype(float)
+            self._cache[key] = self._resample(values, self.rng(setting, field)) if values.size >= 2 else None
+        return self._cache[key]
+
+    def _resample(self, values: np.ndarray, rng: np.random.Generator) -> _Resampled:
+        qs = np.array(self.PERCENTILES)
+        draws = np.empty((self.resamples, qs.size))
+        # sorting a chunk of resamples and reading the ranks is numpy's 'linear' percentile, computed once for
+        # every percentile; chunks bound memory at CHUNK x requests floats whatever the window's size
+        ranks = qs / 100 * (values.size - 1)
+        lower = np.floor(ranks).astype(int)
+        upper = np.minimum(lower + 1, values.size - 1)
+        weight = ranks - lower
+        for start in range(0, self.resamples, CHUNK):
+            n = min(CHUNK, self.resamples - start)
+            chunk = np.sort(values[rng.integers(0, values.size, (n, values.size))], axis=1)
+            draws[start:start + n] = chunk[:, lower] * (1 - weight) + chunk[:, upper] * weight
+        point = dict(zip(self.PERCENTILES, np.percentile(values, qs), strict=True))
+        return _Resampled(point={q: float(v) for q, v in point.items()},
+                          draws={q: draws[:, i] for i, q in enumerate(self.PERCENTILES)})
 
 
 def _poisson_rate(metric: MetricDef, runs: list[RunResult], rng: np.random.Generator,
