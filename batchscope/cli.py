@@ -8,6 +8,7 @@ import sys
 from exporter import cli as exporter_cli
 from loadgen import cli as load_cli
 from simulator import cli as sim_cli
+from tuner import cli as tune_cli
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_cli.add_parser(commands)
     load_cli.add_parser(commands)
     exporter_cli.add_parser(commands)
+    tune_cli.add_parser(commands)
     return parser
 
 

@@ -1,0 +1,93 @@
+"""`batchscope tune PLAN` and `batchscope report PLAN_DIR`: the one-knob method, run and reported.
+
+    batchscope tune examples/one-knob.yaml                 # results/one-knob/<setting>-r<repeat>/run.json
+    batchscope tune examples/one-knob.yaml --resume        # finish an interrupted plan
+    batchscope tune examples/one-knob.yaml --what-if       # the simulator's virtual clock, in seconds
+    batchscope report results/one-knob
+
+Exit status: 0 the plan ran (failed runs are recorded, not fatal), 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tuner.plan import PlanError, load_plan
+from tuner.progress import Progress
+from tuner.runner import Interrupted, StopOnSignal, plan_runs, run_plan
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+WHAT_IF_SUFFIX = ".what-if"  # what-if results sit beside the real-time ones, never mixed with them
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    tune = commands.add_parser("tune", help="run a tuning plan: one serving parameter changed at a time")
+    tune.add_argument("plan", help="plan YAML file")
+    tune.add_argument("--results", default="results", metavar="DIR", help="results folder (default: results)")
+    tune.add_argument("--resume", action="store_true", help="skip finished runs, redo unfinished ones")
+    tune.add_argument("--what-if", action="store_true", help="run every setting on the simulator's virtual clock")
+    tune.add_argument("--exporter-command-file", metavar="FILE",
+                      help="write each server's command line here (the exporter's --vllm-command-file)")
+    tune.set_defaults(run=run_tune)
+    report = commands.add_parser("report", help="write the comparison report of a plan's results")
+    report.add_argument("plan_dir", help="results/<plan> folder")
+    report.set_defaults(run=run_report)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    try:
+        plan = load_plan(args.plan)
+        results = Path(args.results)
+        if results.exists() and not results.is_dir():
+            raise PlanError(f"--results: {results} is a file, not a folder")
+        runs = plan_runs(plan)
+    except PlanError as exc:
+        return _error(str(exc))
+    plan_dir = results / (plan.name + (WHAT_IF_SUFFIX if args.what_if else ""))
+    command_file = Path(args.exporter_command_file) if args.exporter_command_file else None
+    try:
+        with StopOnSignal(), Progress(total=len(runs)) as progress:
+            done = run_plan(plan, plan_dir, resume=args.resume, what_if=args.what_if, command_file=command_file,
+                            progress=progress)
+    except PlanError as exc:
+        return _error(str(exc))
+    except Interrupted as exc:
+        print(f"batchscope tune: interrupted ({exc}); finished runs are saved, --resume completes the plan",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    failed = sum(1 for result in done if result.status == "failed")
+    print(f"batchscope tune: {len(done)} runs done ({failed} failed), {len(runs) - len(done)} done before; "
+          f"results in {plan_dir}")
+    _print_report(plan_dir)
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    plan_dir = Path(args.plan_dir)
+    if not (plan_dir / "plan.json").is_file():
+        return _error(f"{plan_dir}: no plan.json (not a results/<plan> folder)", "report")
+    try:
+        from tuner.report import write_report
+    except ImportError:
+        return _error("the report module (tuner.report) is not installed", "report")
+    for path in write_report(plan_dir):
+        print(f"report: {path}")
+    return 0
+
+
+def _print_report(plan_dir: Path) -> None:
+    try:
+        from tuner.report import write_report  # another module; the plan's results stand without it
+    except ImportError:
+        print(f"report: not written (tuner.report missing); run `batchscope report {plan_dir}` later")
+        return
+    for path in write_report(plan_dir):
+        print(f"report: {path}")
+
+
+def _error(message: str, command: str = "tune") -> int:
+    print(f"batchscope {command}: error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT

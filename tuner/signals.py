@@ -1,0 +1,125 @@
+"""The server's and the client's figures of one run, from what the run left on disk (pure, no network).
+
+vLLM's /metrics is read as points: a time and every sample summed over its label sets (buckets left out). The
+window's counters are differences between the last point at or before the window's start and the first at or
+after its end; its gauges are the points inside it. The client side is the load generator's summary.json (read,
+not recomputed) and the per-request values of the same requests from records.jsonl (the summary's window rule).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, Field
+
+from loadgen.request import RequestRecord
+from loadgen.summary import Summary, in_window
+from tuner.results import ClientFigures, RequestSamples, ServerSignals
+
+CACHE_INFO = "vllm:cache_config_info"
+
+
+class MetricsPoint(BaseModel):
+    """One read of vLLM's /metrics."""
+
+    t: float = Field(description="When it was read, Unix seconds.")
+    values: dict[str, float] = Field(description="Sample name -> value summed over label sets (no buckets).")
+
+
+def parse_metrics(text: str, t: float) -> MetricsPoint:
+    """A text exposition as one point: samples summed over their labels, so several engines add up."""
+    values: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.endswith(("_bucket", "_created")):
+                values[sample.name] += sample.value
+    return MetricsPoint(t=t, values=dict(values))
+
+
+def kv_capacity_from_metrics(text: str) -> int | None:
+    """Tokens the KV cache holds, from vllm:cache_config_info's num_gpu_blocks x block_size."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == CACHE_INFO and "num_gpu_blocks" in sample.labels and "block_size" in sample.labels:
+                try:
+                    return int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
+                except ValueError:
+                    return None
+    return None
+
+
+def server_signals(points: list[MetricsPoint], window_start: float, window_end: float,
+                   kv_capacity_tokens: int | None) -> ServerSignals:
+    """ServerSignals of the window from points read before, during and after it (sorted by time)."""
+    points = sorted(points, key=lambda p: p.t)
+    first = next((p for p in reversed(points) if p.t <= window_start), points[0])
+    last = next((p for p in points if p.t >= window_end), points[-1])
+    inside = [p for p in points if window_start <= p.t <= window_end] or [last]
+
+    def delta(name: str) -> float:
+        return max(last.values.get(name, 0.0) - first.values.get(name, 0.0), 0.0)
+
+    def mean(histogram: str) -> float | None:
+        count = delta(f"{histogram}_count")
+        return delta(f"{histogram}_sum") / count if count else None
+
+    def gauge(name: str) -> list[float]:
+        return [p.values.get(name, 0.0) for p in inside]
+
+    kv = gauge("vllm:kv_cache_usage_perc")
+    return ServerSignals(
+        preemptions=delta("vllm:num_preemptions_total"),
+        prompt_tokens=delta("vllm:prompt_tokens_total"),
+        generation_tokens=delta("vllm:generation_tokens_total"),
+        requests_finished=delta("vllm:request_success_total"),
+        queue_time_mean_s=mean("vllm:request_queue_time_seconds"),
+        prefill_time_mean_s=mean("vllm:request_prefill_time_seconds"),
+        decode_time_mean_s=mean("vllm:request_decode_time_seconds"),
+        tokens_per_step_mean=mean("vllm:iteration_tokens_total"),
+        max_waiting=max(gauge("vllm:num_requests_waiting")),
+        max_running=max(gauge("vllm:num_requests_running")),
+        kv_usage_peak=max(kv),
+        kv_usage_mean=sum(kv) / len(kv),
+        kv_capacity_tokens=kv_capacity_tokens,
+    )
+
+
+def read_summary(load_dir: Path) -> Summary | None:
+    path = load_dir / "summary.json"
+    return Summary.model_validate_json(path.read_text()) if path.exists() else None
+
+
+def client_figures(summary: Summary) -> ClientFigures:
+    """The summary's own figures (its window rule, its percentiles)."""
+    return ClientFigures(
+        ttft=summary.ttft, tpot=summary.tpot, itl=summary.itl, e2e=summary.e2e,
+        completion_throughput_rps=summary.completion_throughput_rps,
+        output_tokens_per_s=summary.output_tokens_per_s, completed=summary.completed,
+        errors=sum(summary.failed.values()), window_s=summary.effective_duration_s,
+    )
+
+
+def request_samples(records_path: Path, summary: Summary) -> RequestSamples:
+    """Per-request values of the requests the summary's figures count: ok, ended in the window."""
+    start = summary.window_start_s
+    end = start + summary.effective_duration_s
+    samples = RequestSamples()
+    if not records_path.exists():
+        return samples
+    for line in records_path.read_text().splitlines():
+        if not line.strip():
+            continue
+        fields = json.loads(line)
+        record = RequestRecord(**{k: v for k, v in fields.items() if k in RequestRecord.__dataclass_fields__})
+        if record.outcome != "ok" or not in_window(record, start, end):
+            continue
+        samples.ttft_s.append(record.ttft_s)
+        samples.e2e_s.append(record.e2e_s)
+        if record.tpot_s:
+            samples.tpot_s.append(record.tpot_s)
+        if record.itl_s:
+            samples.itl_s.append(sum(record.itl_s) / len(record.itl_s))
+    return samples
