@@ -129,7 +129,9 @@ class _Facts:
         self.cited.add(kind)
         if prefill:
             ratio = b / a if more else a / b
-            return f"{ratio:.1f}× {'more' if more else 'fewer'} prefill tokens fit per step{numbers}"
+            # "fit" only when the token budget was the knob; otherwise the steps just carried fewer tokens
+            what = "prefill tokens fit" if "max_num_batched_tokens" in self.changed else "tokens scheduled"
+            return f"{ratio:.1f}× {'more' if more else 'fewer'} {what} per step{numbers}"
         return f"as steps got {'longer' if more else 'shorter'}{numbers}"
 
     def _queue(self, up: bool) -> str | None:
@@ -155,6 +157,7 @@ class _Facts:
         seqs = self.changed.get("max_num_seqs")
         running = self.b.get("max_running") or 0
         if seqs is not None and seqs.value < seqs.baseline and running >= CAP_FRACTION * seqs.value:
+            self.cited.add("cap")
             return f" — max_num_seqs {seqs.value} caps the running batch (max running {num(running)})"
         tokens = self.changed.get("max_num_batched_tokens")
         if tokens is not None and tokens.value < tokens.baseline:
@@ -173,7 +176,9 @@ class _Facts:
         a, b = moved
         text = f"{'more' if more else 'fewer'} sequences per step (max running {num(a)} → {num(b)})"
         seqs = self.changed.get("max_num_seqs")
-        if not more and seqs is not None and seqs.value < seqs.baseline and b >= CAP_FRACTION * seqs.value:
+        if not more and seqs is not None and seqs.value < seqs.baseline and b >= CAP_FRACTION * seqs.value \
+                and "cap" not in self.cited:
+            self.cited.add("cap")
             text += f" — max_num_seqs {seqs.value} caps the running batch"
         return text
 
