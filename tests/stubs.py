@@ -59,7 +59,7 @@ class HttpStub:
                 self.end_headers()
                 self.wfile.write(reply.body)
 
-            do_GET = do_POST = _handle  # noqa: N815
+            do_GET = do_POST = do_DELETE = _handle  # noqa: N815
 
             def log_message(self, *_args) -> None:
                 pass

@@ -1,0 +1,91 @@
+"""The run loop's pure parts (order, diff, window signals, live quantile) and its two optional HTTP
+neighbours, Prometheus and Grafana, against a recording stub."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from tests.stubs import HttpStub, json_reply
+from tests.tuner.support import tiny_plan
+from tuner.plan import Plan
+from tuner.progress import client_live, quantile
+from tuner.runner import PROMETHEUS_QUERIES, annotate, diff, plan_runs, query_prometheus
+from tuner.signals import MetricsPoint, kv_capacity_from_metrics, server_signals
+
+
+def test_repeats_are_interleaved_with_the_baseline_first():
+    plan = Plan.model_validate(tiny_plan(repeats=2))
+    assert [run.name for run in plan_runs(plan)] == ["baseline-r0", "mns-2-r0", "baseline-r1", "mns-2-r1"]
+    assert [run.index for run in plan_runs(plan)] == [1, 2, 3, 4]
+
+
+def test_diff_names_the_changed_parameter_as_a_change_log():
+    plan = Plan.model_validate(tiny_plan())
+    (_, baseline), (_, variation) = plan.settings()
+    assert diff(baseline, variation) == ["max_num_seqs: 128 → 2"] and diff(baseline, baseline) == []
+
+
+def point(t: float, preemptions: float, waiting: float, kv: float, queue_sum: float, queue_count: float):
+    return MetricsPoint(t=t, values={"vllm:num_preemptions_total": preemptions, "vllm:num_requests_waiting": waiting,
+                                     "vllm:kv_cache_usage_perc": kv, "vllm:request_queue_time_seconds_sum": queue_sum,
+                                     "vllm:request_queue_time_seconds_count": queue_count})
+
+
+def test_counters_are_differences_across_the_window_and_gauges_its_samples():
+    points = [point(0, 5, 9, 0.9, 10, 10),     # before: warm-up traffic, not counted
+              point(10, 7, 1, 0.2, 12, 12),    # the last point at or before the window's start
+              point(11, 8, 3, 0.5, 20, 14), point(12, 9, 2, 0.7, 26, 16),
+              point(13, 10, 8, 0.95, 30, 20)]  # after the window's end: the counters' end, not a gauge sample
+    signals = server_signals(points, window_start=10.5, window_end=12.5, kv_capacity_tokens=1000)
+    assert signals.preemptions == 3 and signals.queue_time_mean_s == pytest.approx(18 / 8)
+    assert (signals.max_waiting, signals.kv_usage_peak, signals.kv_usage_mean) == (3, 0.7, pytest.approx(0.6))
+    assert signals.kv_capacity_tokens == 1000 and signals.tokens_per_step_mean is None
+
+
+def test_kv_capacity_from_cache_config_info():
+    text = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="2000",gpu_memory_utilization="0.9"} 1.0\n'
+    assert kv_capacity_from_metrics(text) == 32000 and kv_capacity_from_metrics("") is None
+
+
+def test_live_ttft_p50_and_errors_from_the_client_metrics():
+    name = "batchscope_client_time_to_first_token_seconds"
+    text = (f"# TYPE {name} histogram\n{name}_bucket{{le=\"0.1\"}} 2\n{name}_bucket{{le=\"0.2\"}} 6\n"
+            f"{name}_bucket{{le=\"+Inf\"}} 8\n{name}_count 8\n{name}_sum 1.0\n"
+            "# TYPE batchscope_client_requests counter\n"
+            'batchscope_client_requests_total{outcome="ok"} 8\n'
+            'batchscope_client_requests_total{outcome="http_error"} 2\n'
+            'batchscope_client_requests_total{outcome="aborted"} 4\n')
+    live = client_live(text)
+    assert live.ttft_p50_s == pytest.approx(0.1 + 0.1 * (4 - 2) / (6 - 2))
+    assert (live.completed, live.errors) == (8, 2) and quantile(0.5, []) is None
+
+
+def test_prometheus_rules_are_read_over_the_window():
+    stub = HttpStub(lambda method, path: json_reply(
+        {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [0, "1.5"]}]}}
+    )).start()
+    try:
+        values = query_prometheus(stub.url, start=1000.0, end=1020.0)
+    finally:
+        stub.stop()
+    assert values == dict.fromkeys(PROMETHEUS_QUERIES, 1.5)
+    query = parse_qs(urlparse(stub.requests[0].path).query)
+    assert "[20s:]" in query["query"][0] and query["time"] == ["1020.000"]
+
+
+def test_one_grafana_region_per_run_with_the_change_as_text(monkeypatch):
+    stub = HttpStub(lambda method, path: json_reply({"id": 1, "message": "Annotation added"})).start()
+    monkeypatch.setenv("GRAFANA_TOKEN", "glsa_x")
+    plan = Plan.model_validate(tiny_plan(grafana_url=stub.url))
+    try:
+        annotate(plan, plan_runs(plan)[1], 1000.0, 1020.5)
+    finally:
+        stub.stop()
+    (request,) = stub.requests
+    assert (request.method, request.path) == ("POST", "/api/annotations")
+    assert request.headers["Authorization"] == "Bearer glsa_x"
+    assert json.loads(request.body) == {"time": 1000000, "timeEnd": 1020500, "tags": ["batchscope", "tuner", "mns-2"],
+                                        "text": "tiny mns-2-r0: max_num_seqs: 128 → 2"}
