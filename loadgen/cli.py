@@ -8,10 +8,12 @@ import sys
 import time
 from pathlib import Path
 
+from loadgen.checks import BadInput, check_out_dir, check_port, check_run_id
 from loadgen.metrics import DEFAULT_METRICS_PORT
 from loadgen.spec import SpecError, load_spec
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+MASTER_PORT = 5557  # Locust's default, where --workers' processes connect
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -26,29 +28,42 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     load.add_argument("--run-id", help="run identifier (default: start time)")
     load.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                       help="port of the merged client /metrics on 127.0.0.1 (0: off)")
+    load.add_argument("--master-bind-host", default="127.0.0.1", metavar="ADDR",
+                      help="address the master listens on for workers (port 5557); 0.0.0.0 lets workers on other "
+                           "hosts join with `locust -f loadgen/locustfile.py --worker --master-host HOST`")
     load.set_defaults(run=run_load)
 
 
 def run_load(args: argparse.Namespace) -> int:
+    """Check every input, then exec Locust. Bad input: one line naming the flag or field, exit status 2."""
     try:
         spec = load_spec(args.spec, args.overrides)
-    except SpecError as exc:
+        run_id, out = check_inputs(args)
+    except (SpecError, BadInput) as exc:
         print(f"batchscope load: error: {exc}", file=sys.stderr)
         return 2
-    if args.workers < 0:
-        print("batchscope load: error: --workers must be >= 0", file=sys.stderr)
-        return 2
-    run_id = args.run_id or time.strftime("%Y%m%dT%H%M%S")
-    out = Path(args.out or Path("out") / run_id)
-    out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
                "--host", args.host, "--spec", args.spec, "--run-id", run_id, "--out", str(out),
                "--metrics-port", str(args.metrics_port), "--csv", str(out / "locust"), "--stop-timeout", "0"]
     for override in args.overrides:
         command += ["--spec-set", override]
     if args.workers:
-        command += ["--processes", str(args.workers)]
+        command += ["--processes", str(args.workers), "--master-bind-host", args.master_bind_host]
     print(f"batchscope load: {spec.load.mode} load on {args.host}, results in {out}", file=sys.stderr, flush=True)
     # become Locust: signals (Ctrl-C, SIGTERM) reach it directly and no wrapper process is left behind
     os.execv(sys.executable, command)
     return 1  # not reached
+
+
+def check_inputs(args: argparse.Namespace) -> tuple[str, Path]:
+    """The flags beside the spec; returns the run id and the (created) output directory."""
+    if args.workers < 0:
+        raise BadInput("--workers: must be >= 0")
+    check_port("--metrics-port", args.metrics_port)
+    if args.workers:
+        check_port("--master-bind-host", MASTER_PORT, "" if args.master_bind_host in ("*", "0.0.0.0")
+                   else args.master_bind_host)
+    run_id = check_run_id(args.run_id) if args.run_id else time.strftime("%Y%m%dT%H%M%S")
+    out = Path(args.out or Path("out") / run_id)
+    check_out_dir(out)
+    return run_id, out

@@ -4,6 +4,10 @@ Roles: a *sender* (worker or local runner) runs users and produces records; the 
 runner) merges reports, serves /metrics, writes records and the summary, and ends the run. Messages:
 worker -> master deltas ride on report_to_master / worker_report; "batchscope_stop" asks workers to stop,
 "batchscope_final" carries each worker's last delta.
+
+Signals: SIGINT or SIGTERM to the controller ends the run as its duration would (in-flight requests aborted and
+counted, every sender's last records collected, summary written), with exit status 130. A worker hit by SIGINT
+(a terminal's Ctrl-C reaches the whole process group) or SIGTERM sends its last records before it quits.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
+from loadgen.checks import BadInput, check_out_dir, check_port, check_run_id
 from loadgen.control import RunControl
 from loadgen.locust_stats import DeferredRequestEvents
 from loadgen.metrics import DEFAULT_METRICS_PORT, ClientMetricsCollector
@@ -29,6 +34,8 @@ from loadgen.spec import OfflineLoad, SpecError, WorkloadSpec, load_spec
 from loadgen.summary import print_summary
 
 log = logging.getLogger("batchscope.loadgen")
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 
 @events.init_command_line_parser.add_listener
@@ -45,6 +52,9 @@ def add_arguments(parser, **_kwargs) -> None:
                         help="Grafana base URL: the web UI's LLM tab links its batchscope dashboards (empty = none)")
     parser.add_argument("--batchscope-spec", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
     parser.add_argument("--batchscope-target", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
+    # Locust's master port has no authentication and workers receive the target with its API key: listen on
+    # loopback unless told otherwise (--master-bind-host 0.0.0.0 for workers on other hosts)
+    parser.set_defaults(master_bind_host="127.0.0.1")
 
 
 # ----- senders ---------------------------------------------------------------------------------------------
@@ -73,13 +83,14 @@ def control(environment: Environment) -> RunControl | None:
     return getattr(environment, "batchscope_control", None)
 
 
-def _new_control(environment: Environment) -> RunControl:
+def _new_control(environment: Environment, spec: WorkloadSpec) -> RunControl:
+    """``spec`` as read, with its API key (a dumped spec has its secrets masked)."""
     options = environment.parsed_options
-    spec = WorkloadSpec.model_validate_json(options.batchscope_spec)
     runner = environment.runner
     if isinstance(runner, MasterRunner):
         stop = lambda: runner.send_message("batchscope_stop", None)  # noqa: E731
-        count = lambda: runner.worker_count  # noqa: E731
+        # a worker that sent its last records and quit (its own Ctrl-C) still counts among those that finished
+        count = lambda: max(runner.worker_count, len(ctl.senders))  # noqa: E731
         pull = None
     else:
         def stop() -> None:
@@ -137,25 +148,26 @@ def dispatch_window(environment: Environment) -> tuple[float, float]:
 @events.init.add_listener
 def on_init(environment: Environment, runner, web_ui=None, **_kwargs) -> None:
     if isinstance(runner, WorkerRunner):
-        runner.register_message("batchscope_stop", lambda msg, **_kw: _stop_worker(environment), concurrent=True)
-        environment.events.report_to_master.add_listener(
-            lambda data, **_kw: _attach_report(environment, data))
+        _init_worker(environment, runner)
         return
     options = environment.parsed_options
     try:
         spec = load_spec(options.spec, options.spec_set)
-    except SpecError as exc:
+        _check_options(options)
+    except (SpecError, BadInput) as exc:
         log.error("%s", exc)
-        environment.process_exit_code = 2
+        environment.process_exit_code = EXIT_BAD_INPUT
         runner.quit()
         return
     options.batchscope_spec = spec.model_dump_json()  # custom options travel to workers with each spawn
-    environment.batchscope_control = _new_control(environment)
+    environment.batchscope_control = _new_control(environment, spec)
     options.run_id = environment.batchscope_control.run_id  # travels to workers: request ids name their run
     ctl = environment.batchscope_control
     gevent.spawn(work_when_idle, lambda: ctl.drain(DRAIN_BATCH))  # store records off the hot path
-    # Locust installs its own SIGTERM handler only after a headless run's shape ends; until then end cleanly
-    gevent.signal_handler(signal.SIGTERM, lambda: gevent.spawn(_end_on_signal, environment))
+    # Locust's default Ctrl-C raises KeyboardInterrupt in whichever greenlet runs (a request's, the /metrics
+    # server's) and its SIGTERM handler comes only after a headless run's shape ends: take both over
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        gevent.signal_handler(signum, _end_on_signal, environment, signum)
     if isinstance(runner, MasterRunner):
         runner.register_message("batchscope_final", lambda msg, **_kw: _merge(environment, msg.node_id, msg.data),
                                 concurrent=True)
@@ -187,7 +199,29 @@ def workload_labels(spec: WorkloadSpec) -> dict[str, str]:
             "load_level": str(getattr(load, level))}
 
 
+def _check_options(options) -> None:
+    """The flags beside the spec, for `locust -f` runs (`batchscope load` checked them before starting Locust)."""
+    if options.run_id:
+        check_run_id(options.run_id)
+    if options.out:
+        check_out_dir(Path(options.out))
+    check_port("--metrics-port", options.metrics_port, options.metrics_host)
+
+
+def _init_worker(environment: Environment, runner: WorkerRunner) -> None:
+    runner.register_message("batchscope_stop", lambda msg, **_kw: _stop_worker(environment), concurrent=True)
+    environment.events.report_to_master.add_listener(lambda data, **_kw: _attach_report(environment, data))
+    # quitting fires in reverse order of registration: added after Locust's own listener (which tells the
+    # master this worker quits), this one runs first, so the last records reach the master before the quit.
+    # Covers a quit from the master and a SIGTERM to the worker alike.
+    environment.events.quitting.add_listener(lambda **_kw: _stop_worker(environment))
+    # a terminal's Ctrl-C reaches the workers too: Locust would end them on the spot (KeyboardInterrupt), their
+    # in-flight requests and unsent records lost; report everything, then quit
+    gevent.signal_handler(signal.SIGINT, _quit_worker, environment)
+
+
 def _stop_worker(environment: Environment) -> None:
+    """Abort this worker's in-flight requests and send every record left; harmless when repeated."""
     run = getattr(environment, "batchscope_run", None)
     if run is None:
         return
@@ -196,15 +230,26 @@ def _stop_worker(environment: Environment) -> None:
     environment.runner.send_message("batchscope_final", run.report(final=True))
 
 
+def _quit_worker(environment: Environment) -> None:
+    log.info("SIGINT: this worker's in-flight requests count as aborted; quitting")
+    _stop_worker(environment)
+    environment.runner.quit()
+
+
 DRAIN_BATCH = 16
 
 
-def _end_on_signal(environment: Environment) -> None:
-    log.info("SIGTERM: ending the run, in-flight requests count as aborted")
+def _end_on_signal(environment: Environment, signum: int) -> None:
+    if environment.process_exit_code == EXIT_INTERRUPTED:
+        return  # a second Ctrl-C: the first is already ending the run (bounded by FINAL_REPORT_TIMEOUT_S)
+    environment.process_exit_code = EXIT_INTERRUPTED
+    log.warning("%s: run interrupted; in-flight requests count as aborted", signal.Signals(signum).name)
     ctl = control(environment)
     if ctl is not None:
         _finish_stop(ctl)
     environment.runner.quit()
+    if environment.web_ui is not None:
+        environment.web_ui.stop()  # the web UI's greenlet is what keeps Locust's main loop waiting
 
 
 def _finish_stop(ctl: RunControl) -> None:
@@ -245,5 +290,7 @@ def on_quitting(environment: Environment, **_kwargs) -> None:
     if not summary.balanced:
         log.error("started %d requests but %d ended in an outcome", summary.started, sum(summary.outcomes.values()))
         environment.process_exit_code = 3
+    elif environment.process_exit_code == EXIT_INTERRUPTED:
+        log.warning("run interrupted: the summary covers it up to the signal")
     elif environment.process_exit_code is None or environment.process_exit_code == 1:
         environment.process_exit_code = 0  # failed requests are outcomes in the summary, not a crash

@@ -2,46 +2,60 @@
 
 A YAML file (see docs in README) validated by pydantic; ``--set key=value`` flags override fields
 (``--set load.rate=8``; ``key=null`` removes a field). A bad field gives one line naming it and what it allows.
+Numbers are bounded (finite, below the MAX_* limits) so an absurd value is refused here, not hours into a run.
+Secret fields (``api_key``) are masked in every dump: the spec is written into summary.json and sent to workers.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_serializer
+
+from batchscope.secrets import mask_mapping
 
 SCHEMA_VERSION = 1
+MAX_TOKENS = 10_000_000  # per request, prompt or output: beyond any model's context
+MAX_CONCURRENCY = 100_000  # users, or requests in flight
+MAX_RATE = 1e6  # requests/s
+MAX_REQUESTS = 10_000_000  # offline batch
+MAX_TIMEOUT_S = 86_400.0  # a day per request
+MAX_PERIOD_S = 2_592_000.0  # 30 days of warm-up or measurement
+# inf and nan are refused everywhere: rate .inf would release arrivals in an endless burst
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ConcurrencyLoad(BaseModel):
     """Closed loop: N users, each sending its next request as soon as the previous one ends."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     mode: Literal["concurrency"] = "concurrency"
-    concurrency: int = Field(gt=0, description="Requests in flight at all times (one per user).")
+    concurrency: int = Field(gt=0, le=MAX_CONCURRENCY, description="Requests in flight at all times (one per user).")
     ramp_up_s: float = Field(
-        0.0, ge=0, description="Start the users evenly over this many seconds (0: all at once). Users started "
-        "together with equal lengths stay in lockstep: every request then arrives in one burst.")
+        0.0, ge=0, le=MAX_TIMEOUT_S, description="Start the users evenly over this many seconds (0: all at "
+        "once). Users started together with equal lengths stay in lockstep: every request then arrives in one burst.")
 
 
 class PoissonLoad(BaseModel):
     """Open loop: arrivals at exponential gaps, independent of completions (MLPerf Server)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     mode: Literal["poisson"] = "poisson"
-    rate: float = Field(gt=0, description="Mean arrival rate λ, requests per second, over all workers.")
-    max_in_flight: int = Field(512, gt=0, description="Cap on requests in flight; arrivals beyond it are refused.")
+    rate: float = Field(gt=0, le=MAX_RATE, description="Mean arrival rate λ, requests per second, over all workers.")
+    max_in_flight: int = Field(512, gt=0, le=MAX_CONCURRENCY,
+                               description="Cap on requests in flight; arrivals beyond it are refused.")
 
 
 class OfflineLoad(BaseModel):
     """All requests released at t=0 (MLPerf Offline); the run ends when the last one does."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     mode: Literal["offline"] = "offline"
-    requests: int = Field(gt=0, description="Number of requests released at once.")
+    requests: int = Field(gt=0, le=MAX_REQUESTS, description="Number of requests released at once.")
 
 
 Load = Annotated[ConcurrencyLoad | PoissonLoad | OfflineLoad, Field(discriminator="mode")]
@@ -50,29 +64,46 @@ Load = Annotated[ConcurrencyLoad | PoissonLoad | OfflineLoad, Field(discriminato
 class WorkloadSpec(BaseModel):
     """Everything that must stay identical between tuning rounds."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     model: str = Field("auto", description="Model to request; 'auto' = the first entry of GET /v1/models.")
     endpoint: Literal["completions", "chat"] = Field(
         "completions", description="/v1/completions (token-id prompts) or /v1/chat/completions (text prompts)."
     )
-    input_tokens: int = Field(gt=0, description="Exact prompt length in tokens.")
-    output_tokens: int = Field(gt=0, description="Exact output length (max_tokens with ignore_eos).")
+    input_tokens: int = Field(gt=0, le=MAX_TOKENS, description="Exact prompt length in tokens.")
+    output_tokens: int = Field(gt=0, le=MAX_TOKENS, description="Exact output length (max_tokens with ignore_eos).")
     stream: bool = Field(True, description="Stream tokens (SSE); TTFT and ITL need it.")
-    timeout_s: float = Field(600.0, gt=0, description="Whole-request timeout, seconds.")
-    api_key: str | None = Field(None, description="Bearer key; defaults to $BATCHSCOPE_API_KEY or $OPENAI_API_KEY.")
-    seed: int = Field(1, description="Seed for prompts and arrival times.")
-    warmup_s: float = Field(0.0, ge=0, description="Requests scheduled before this are excluded from the summary.")
-    duration_s: float = Field(60.0, gt=0, description="Measurement period after warm-up, seconds (not offline).")
+    timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S, description="Whole-request timeout, seconds.")
+    api_key: SecretStr | None = Field(
+        None, description="Bearer key; defaults to $BATCHSCOPE_API_KEY or $OPENAI_API_KEY. Masked in every dump.")
+    seed: int = Field(1, ge=0, description="Seed for prompts and arrival times.")
+    warmup_s: float = Field(0.0, ge=0, le=MAX_PERIOD_S,
+                            description="Requests scheduled before this are excluded from the summary.")
+    duration_s: float = Field(60.0, gt=0, le=MAX_PERIOD_S,
+                              description="Measurement period after warm-up, seconds (not offline).")
     scenario: str = Field("default", max_length=64, description="Label for this workload in metrics and records.")
     load: Load = Field(description="The load mode: concurrency, poisson or offline.")
 
     def resolved_api_key(self) -> str | None:
-        return self.api_key or os.environ.get("BATCHSCOPE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        key = self.api_key.get_secret_value() if self.api_key else None
+        return key or os.environ.get("BATCHSCOPE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+
+    @model_serializer(mode="wrap")
+    def _mask_secrets(self, handler):
+        # every dump leaves the process that read the spec (summary.json, the spawn message to workers)
+        return mask_mapping(handler(self))
 
 
 class SpecError(ValueError):
     """A spec problem, already phrased as one line naming the field."""
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with 1.2's floats: PyYAML (YAML 1.1) reads ``1e12`` as a string, which would hide its size."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
 
 
 def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> WorkloadSpec:
@@ -80,9 +111,11 @@ def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> Wo
     data: dict = {}
     if path is not None:
         try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
+            data = yaml.load(Path(path).read_text(), Loader=_Loader) or {}  # noqa: S506 (a SafeLoader)
         except OSError as exc:
             raise SpecError(f"spec: cannot read {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise SpecError(f"spec: {path} is not UTF-8 text") from None
         except yaml.YAMLError as exc:
             raise SpecError(f"spec: {path} is not valid YAML ({exc.__class__.__name__})") from None
         if not isinstance(data, dict):
@@ -99,13 +132,18 @@ def _apply_override(data: dict, item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise SpecError(f"--set: expected key=value, got {item!r}")
+    if not raw.strip():
+        raise SpecError(f"--set: {key}: no value (write {key}=null to remove the field)")
     *parents, leaf = key.split(".")
     target = data
     for part in parents:
         target = target.setdefault(part, {})
         if not isinstance(target, dict):
             raise SpecError(f"--set: {key}: {part} is not a mapping")
-    value = yaml.safe_load(raw)
+    try:
+        value = yaml.load(raw, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError:
+        raise SpecError(f"--set: {key}: the value is not valid YAML") from None
     if value is None:
         target.pop(leaf, None)  # key=null removes a field, e.g. when switching load modes
     else:
@@ -115,7 +153,9 @@ def _apply_override(data: dict, item: str) -> None:
 def describe_error(exc: ValidationError) -> str:
     """First validation error as 'spec: field: message (allowed: ...)'."""
     err = exc.errors()[0]
-    loc = [str(p) for p in err["loc"] if p not in ("concurrency", "poisson", "offline") or len(err["loc"]) == 1]
+    loc = [str(p) for p in err["loc"]]
+    if loc[:1] == ["load"] and len(loc) > 2:
+        del loc[1]  # pydantic puts the union member's tag (the mode) after "load": load.concurrency.concurrency
     field = ".".join(loc) or "spec"
     message = err["msg"]
     if err["type"] == "union_tag_invalid" or err["type"] == "union_tag_not_found":

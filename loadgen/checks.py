@@ -1,0 +1,55 @@
+"""Checks of the inputs beside the spec (run id, output directory, ports), each failing with one line naming
+the flag. Shared by `batchscope load`, which checks before it becomes Locust (so the user sees that line and
+nothing else), and the locustfile, for runs started with `locust -f` directly. No Locust import here.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import socket
+from pathlib import Path
+
+# the run id names a folder under out/ and goes into request ids and metric labels: no path separators, no "..".
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class BadInput(ValueError):
+    """A flag's value is unusable; the message is one line naming the flag."""
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID.fullmatch(run_id):
+        raise BadInput(f"--run-id: {run_id!r} must be 1-128 letters, digits, '.', '_' or '-', starting with a "
+                       "letter or digit (it names a folder under the output directory)")
+    return run_id
+
+
+def check_out_dir(path: Path) -> None:
+    """The output directory must be a directory we can create (an existing one is reused)."""
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"--out: {path} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"--out: cannot create {path}: {exc.strerror}") from None
+
+
+def check_port(flag: str, port: int, host: str = "127.0.0.1") -> None:
+    """``port`` is 0 (off) or a port number that ``host`` can listen on now."""
+    if not 0 <= port <= 65535:
+        raise BadInput(f"{flag}: {port} is not a port number (1-65535, or 0 for none)")
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # as the servers that will listen there: a port left in TIME_WAIT by an earlier run is free
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise BadInput(port_error(flag, host, port, exc)) from None
+
+
+def port_error(flag: str, host: str, port: int, exc: OSError) -> str:
+    reason = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror or exc})"
+    return f"{flag}: {host}:{port} {reason}"

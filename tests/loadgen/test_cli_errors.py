@@ -1,0 +1,82 @@
+"""Bad input to `batchscope load` (and to `locust -f loadgen/locustfile.py`): one short line naming the field,
+exit status 2, no traceback. Nothing here needs a server: every case is refused before a request is sent."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadgen.cli import LOCUSTFILE
+from tests.conftest import free_port
+
+GOOD_SPEC = "input_tokens: 16\noutput_tokens: 8\nload: {mode: concurrency, concurrency: 2}\n"
+POISSON = "load.mode=poisson", "load.concurrency=null"
+NO_SERVER = "http://127.0.0.1:9"  # never contacted: the input is refused first
+
+# name: (spec file text or bytes, extra arguments, what the error line must name)
+CASES = {
+    "set without a value": (GOOD_SPEC, ["--set", "load="], "load"),
+    "set without =": (GOOD_SPEC, ["--set", "foo"], "--set"),
+    "set not an integer": (GOOD_SPEC, ["--set", "load.concurrency=abc"], "load.concurrency"),
+    "binary spec file": (bytes(range(256)) * 4, [], "spec"),
+    "infinite rate": (GOOD_SPEC, ["--set", POISSON[0], "--set", POISSON[1], "--set", "load.rate=.inf"], "load.rate"),
+    "nan rate": (GOOD_SPEC, ["--set", POISSON[0], "--set", POISSON[1], "--set", "load.rate=.nan"], "load.rate"),
+    "absurd rate": (GOOD_SPEC, ["--set", POISSON[0], "--set", POISSON[1], "--set", "load.rate=1e9"],
+                    "load.rate: Input should be less than or equal to 1000000"),
+    "absurd input_tokens": (GOOD_SPEC.replace("16", "1e12"), [],
+                            "input_tokens: Input should be less than or equal to 10000000"),
+    "absurd concurrency": (GOOD_SPEC, ["--set", "load.concurrency=1e6"],
+                           "load.concurrency: Input should be less than or equal to 100000"),
+    "zero concurrency": (GOOD_SPEC, ["--set", "load.concurrency=0"], "load.concurrency"),
+    "negative metrics port": (GOOD_SPEC, ["--metrics-port", "-1"], "--metrics-port"),
+    "metrics port too big": (GOOD_SPEC, ["--metrics-port", "70000"], "--metrics-port"),
+    "metrics port busy": (GOOD_SPEC, ["--metrics-port", "BUSY"], "--metrics-port"),
+    "out is a file": (GOOD_SPEC, ["--out", "FILE"], "--out"),
+    "run id going up": (GOOD_SPEC, ["--run-id", "../x"], "--run-id"),
+    "run id with a slash": (GOOD_SPEC, ["--run-id", "a/b"], "--run-id"),
+    "absolute run id": (GOOD_SPEC, ["--run-id", "/tmp/x"], "--run-id"),
+}
+# `locust -f` spells some flags its own way
+LOCUST_FLAGS = {"--set": "--spec-set"}
+
+
+def command(via: str, spec: Path, args: list[str], tmp_path: Path) -> list[str]:
+    if via == "batchscope":
+        return [sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec), "--host", NO_SERVER, *args]
+    args = [LOCUST_FLAGS.get(a, a) for a in args]
+    return [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary", "--spec",
+            str(spec), "--host", NO_SERVER, "--out", str(tmp_path / "out"), *args]
+
+
+@pytest.mark.parametrize("via", ["batchscope", "locust"])
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_gets_one_line_naming_the_field(tmp_path, case, via):
+    text, args, field = CASES[case]
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(text if isinstance(text, bytes) else text.encode())
+    (tmp_path / "a-file").write_text("")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        replace = {"BUSY": str(busy.getsockname()[1]), "FILE": str(tmp_path / "a-file")}
+        args = [replace.get(a, a) for a in args]
+        if "--metrics-port" not in args:
+            args += ["--metrics-port", str(free_port())]
+        result = subprocess.run(command(via, spec, args, tmp_path), capture_output=True, text=True, timeout=60,
+                                cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert "Traceback" not in output
+    if via == "batchscope":
+        errors = result.stderr.strip().splitlines()
+        assert 1 <= len(errors) <= 2
+    else:  # Locust logs its own start-up lines around ours
+        errors = [line for line in result.stderr.splitlines() if "/ERROR/batchscope.loadgen:" in line]
+        errors = [line.split("/ERROR/batchscope.loadgen: ", 1)[1] for line in errors]
+        assert len(errors) == 1, output[-3000:]
+    assert all(len(line) <= 200 for line in errors)
+    assert field in errors[0]

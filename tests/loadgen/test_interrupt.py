@@ -1,0 +1,58 @@
+"""Stopping a run by signal, as a terminal's Ctrl-C or a supervisor's SIGTERM would: the result is still
+written and balanced, the requests in flight count as aborted, and the exit status is 130."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import requests
+import yaml
+
+from tests.conftest import free_port, wait_until
+
+pytestmark = pytest.mark.e2e
+# long streams (tiny profile: ~0.4 s each) and a long duration: the signal always lands mid-run, mid-request
+SPEC = {"input_tokens": 64, "output_tokens": 400, "timeout_s": 30, "duration_s": 600,
+        "load": {"mode": "concurrency", "concurrency": 6}}
+
+
+def streams_running(sim_url: str) -> bool:
+    text = requests.get(sim_url + "/metrics", timeout=5).text
+    running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
+    return bool(running) and float(running[0].split()[-1]) > 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("to_group", [False, True], ids=["master", "group"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_ends_the_run_with_a_balanced_result(simulator, tmp_path, signum, to_group, workers):
+    sim = simulator("--profile", "tiny")
+    spec_path, out = tmp_path / "spec.yaml", tmp_path / "out"
+    spec_path.write_text(yaml.safe_dump(SPEC))
+    # a session of its own: the process group is the master and its workers only, as under a terminal
+    load = subprocess.Popen([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec_path), "--host",
+                             sim.url, "--workers", str(workers), "--out", str(out), "--metrics-port",
+                             str(free_port())],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_until(lambda: streams_running(sim.url), timeout_s=30, message="requests in flight")
+        if to_group:
+            os.killpg(load.pid, signum)
+        else:
+            load.send_signal(signum)
+        output, _ = load.communicate(timeout=60)
+    finally:
+        if load.poll() is None:
+            os.killpg(load.pid, signal.SIGKILL)
+            load.wait(timeout=10)
+    assert load.returncode == 130, output[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    records = (out / "records.jsonl").read_text().splitlines()
+    assert summary["balanced"] and summary["started"] == sum(summary["outcomes"].values()) == len(records)
+    assert summary["outcomes"]["aborted"] > 0  # those in flight at the signal
+    assert "interrupted" in output and "Traceback" not in output
