@@ -17,7 +17,7 @@ from tests.conftest import free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 MASTER_PORT = 5557
-SPEC = {"input_tokens": 64, "output_tokens": 40, "timeout_s": 30, "duration_s": 3,
+SPEC = {"input_tokens": 64, "output_tokens": 40, "timeout_s": 30, "duration_s": 5,
         "load": {"mode": "concurrency", "concurrency": 4}}
 
 
@@ -33,14 +33,10 @@ def listeners_on(port: int) -> set[str]:
     return found
 
 
-def started(metrics_url: str) -> str | None:
-    """The client /metrics text once a request has started (None before)."""
-    try:
-        text = requests.get(metrics_url, timeout=5).text
-    except requests.ConnectionError:
-        return None
-    lines = [line for line in text.splitlines() if line.startswith("batchscope_client_requests_started_total")]
-    return text if lines and float(lines[0].split()[-1]) > 0 else None
+def streams_running(sim_url: str) -> bool:
+    text = requests.get(sim_url + "/metrics", timeout=5).text
+    running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
+    return bool(running) and float(running[0].split()[-1]) > 0
 
 
 def run_with_key(tmp_path: Path, sim_url: str, spec: dict, env: dict, workers: int) -> tuple[str, str, Path, set]:
@@ -51,8 +47,9 @@ def run_with_key(tmp_path: Path, sim_url: str, spec: dict, env: dict, workers: i
                              sim_url, "--workers", str(workers), "--out", str(out), "--metrics-port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
     try:
-        metrics = wait_until(lambda: started(f"http://127.0.0.1:{port}/metrics"), timeout_s=30,
-                             message="requests started")
+        # mid-run: the server streams (a worker's first report to the master can take 3 s, the run 5)
+        wait_until(lambda: streams_running(sim_url), timeout_s=30, message="requests in flight")
+        metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         binds = listeners_on(MASTER_PORT)
         output, _ = load.communicate(timeout=120)
     finally:
