@@ -3,12 +3,14 @@
 Workers report deltas (new records, cumulative counts) every few seconds and once more when stopped; the
 controller adds them up, writes each record to records.jsonl as it arrives, and serves the merged metrics. At
 the end it asks every sender to stop, waits (bounded) for their final reports, then lets Locust quit, so every
-started request is accounted for in the summary.
+started request is accounted for in the summary. A run whose first FAIL_FAST_REQUESTS requests were all rejected
+with the same 4xx ends there: more of the same requests would only be rejected again.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import time
 from array import array
 from collections import deque
@@ -18,12 +20,13 @@ from pathlib import Path
 from typing import IO
 
 from loadgen.metrics import ClientStats
-from loadgen.request import RequestRecord, Target
+from loadgen.request import RequestRecord, Target, rejected
 from loadgen.spec import OfflineLoad, WorkloadSpec
-from loadgen.summary import Summary, summarize
+from loadgen.summary import Summary, in_window, summarize
 from loadgen.target import build_target
 
 FINAL_REPORT_TIMEOUT_S = 30.0
+FAIL_FAST_REQUESTS = 10
 
 
 @dataclass
@@ -49,6 +52,8 @@ class RunControl:
     pull: Callable[..., None] | None = None  # local runner: fetch the in-process sender's report
     stats: ClientStats = field(default_factory=ClientStats)
     records: list[RequestRecord] = field(default_factory=list)
+    refused_s: array = field(default_factory=lambda: array("d"))  # scheduled times of refused arrivals
+    rejections: dict[int, int] = field(default_factory=dict)  # finished requests per non-retryable 4xx status
     received: int = 0  # records reported so far, stored or still queued
     _incoming: deque = field(default_factory=deque)
     senders: dict[str, SenderState] = field(default_factory=dict)
@@ -79,7 +84,11 @@ class RunControl:
     def accept(self, record: RequestRecord) -> None:
         if self._records_file is not None:
             self._records_file.write(record.to_json() + "\n")
-        self.stats.observe(record)
+        # a record arrives after its end, and one ending after an early stop arrives after the stop is set: the
+        # test is final when made, so the live histograms hold the summary's population
+        self.stats.observe(record, in_window=in_window(record, *self.window()))
+        if rejected(record):
+            self.rejections[record.status] = self.rejections.get(record.status, 0) + 1
         # kept for exact percentiles at the end: 4 bytes a gap (float32: sub-µs at these magnitudes) instead of
         # a float object and a list slot, so a long local run grows by ~1 MB per 250k streamed tokens
         record.itl_s = array("f", record.itl_s)
@@ -89,6 +98,7 @@ class RunControl:
         """A sender's delta: its new records (queued for drain()) and its cumulative counters."""
         state = self.senders.setdefault(sender, SenderState())
         self._incoming.extend(report["records"])
+        self.refused_s.extend(report["refused_s"])
         self.received += len(report["records"])
         state.started, state.refused, state.in_flight = report["started"], report["refused"], report["in_flight"]
         state.final = state.final or report.get("final", False)
@@ -120,7 +130,23 @@ class RunControl:
 
     # ----- timing --------------------------------------------------------------------------------------
 
+    def window(self) -> tuple[float, float]:
+        """The measurement window as known now (summarize's): duration_s after warm-up, cut short by an early
+        stop; offline's is open-ended until the stop."""
+        start = self.start_s + self.spec.warmup_s
+        end = math.inf if isinstance(self.spec.load, OfflineLoad) else start + self.spec.duration_s
+        return start, min(end, self.stop_s or math.inf)
+
+    def rejected_from_start(self) -> int | None:
+        """The 4xx status that each of the (at least FAIL_FAST_REQUESTS) requests finished so far got, if any."""
+        finished = self.stats.finished
+        if finished < FAIL_FAST_REQUESTS:
+            return None
+        return next((status for status, count in self.rejections.items() if count == finished), None)
+
     def should_end(self) -> bool:
+        if self.rejected_from_start() is not None:
+            return True
         elapsed = time.time() - self.start_s
         if isinstance(self.spec.load, OfflineLoad):
             return self.received >= self.spec.load.requests or elapsed > self.spec.timeout_s + 30
@@ -146,7 +172,8 @@ class RunControl:
         self.drain()
         stop = self.stop_s or time.time()
         return summarize(self.spec, self.records, run_id=self.run_id, host=self.host, start_s=self.start_s,
-                         stop_s=stop, started=self.stats.started, refused=self.stats.refused)
+                         stop_s=stop, started=self.stats.started, refused=self.stats.refused,
+                         refused_s=self.refused_s)
 
     def close(self) -> Summary | None:
         """Write summary.json (when an output directory is set) and return the summary."""

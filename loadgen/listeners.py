@@ -292,5 +292,8 @@ def on_quitting(environment: Environment, **_kwargs) -> None:
         environment.process_exit_code = 3
     elif environment.process_exit_code == EXIT_INTERRUPTED:
         log.warning("run interrupted: the summary covers it up to the signal")
+    elif summary.failure:
+        log.error("run failed: %s", summary.failure)
+        environment.process_exit_code = 4
     elif environment.process_exit_code is None or environment.process_exit_code == 1:
-        environment.process_exit_code = 0  # failed requests are outcomes in the summary, not a crash
+        environment.process_exit_code = 0  # failed requests under the spec's threshold are outcomes, not a crash

@@ -13,8 +13,6 @@ from locust import LoadTestShape, User, constant, task
 
 from loadgen import listeners
 
-RECONNECT_DELAY_S = 0.1
-
 
 class StreamingUser(User):
     """Closed loop (load mode `concurrency`): one request in flight per user, no think time."""
@@ -31,8 +29,8 @@ class StreamingUser(User):
         run = listeners.sender(self.environment)
         self.connections = self.connections or run.connection_pool()
         if run.accepting:
-            if run.run_one(self.connections, time.time()).outcome == "connection_error":
-                gevent.sleep(RECONNECT_DELAY_S)  # a dead server: don't spin, but keep counting attempts
+            # a dead server or one rejecting every request: wait instead of spinning (LoadRun.pause_after)
+            gevent.sleep(run.pause_after(run.run_one(self.connections, time.time())))
         else:
             gevent.sleep(0.1)  # the run is ending: idle until Locust stops the user
 

@@ -4,6 +4,11 @@ collector.
 Histogram boundaries are vLLM's for the same quantity plus finer low-latency ones, so the client and server
 views can be compared quantile for quantile. Names: ``batchscope_client_<what>_<unit>``; labels ``run_id`` and
 ``scenario`` only.
+
+Populations: the latency histograms (TTFT, TPOT, ITL, E2E) hold the requests completed ok in the measurement
+window, as the summary and the LLM tab, so they stay empty during warm-up. The counters (requests by outcome,
+started, refused, tokens) and the dispatch-lag histogram count the whole run: ``started == sum(outcomes)`` must
+hold from the first request, and Prometheus' rate() picks its own window from counters anyway.
 """
 
 from __future__ import annotations
@@ -27,17 +32,21 @@ DISPATCH_LAG = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 HISTOGRAMS = {
     # attribute: (metric name, HELP, bounds)
     "ttft": ("batchscope_client_time_to_first_token_seconds",
-             "Client TTFT: first streamed token chunk minus the scheduled send time (vllm bench serve's TTFT; "
-             "open-loop modes count from the scheduled arrival), seconds.",
+             "Client TTFT of the requests completed in the measurement window: first streamed token chunk minus "
+             "the scheduled send time (vllm bench serve's TTFT; open-loop modes count from the scheduled arrival), "
+             "seconds.",
              merged_bounds(TTFT_BUCKETS, FINE_LATENCY)),
     "tpot": ("batchscope_client_time_per_output_token_seconds",
-             "Client TPOT per request: (E2E - TTFT) / (output tokens - 1), as vllm bench serve, seconds.",
+             "Client TPOT per request completed in the measurement window: (E2E - TTFT) / (output tokens - 1), "
+             "as vllm bench serve, seconds.",
              merged_bounds(ITL_BUCKETS, FINE_TOKEN_GAP)),
     "itl": ("batchscope_client_inter_token_latency_seconds",
-            "Client ITL: every gap between consecutive token chunks, as vllm bench serve, seconds.",
+            "Client ITL: every gap between consecutive token chunks of the requests completed in the "
+            "measurement window, as vllm bench serve, seconds.",
             merged_bounds(ITL_BUCKETS, FINE_TOKEN_GAP)),
     "e2e": ("batchscope_client_e2e_request_latency_seconds",
-            "Client E2E: last token chunk minus the scheduled send time, seconds.",
+            "Client E2E of the requests completed in the measurement window: last token chunk minus the "
+            "scheduled send time, seconds.",
             merged_bounds(REQUEST_LATENCY_BUCKETS, FINE_E2E)),
     "dispatch_lag": ("batchscope_client_dispatch_lag_seconds",
                      "Actual minus scheduled send time of each request: the load generator's own delay, seconds.",
@@ -56,14 +65,14 @@ class ClientStats:
         self.prompt_tokens = 0
         self.output_tokens = 0
 
-    def observe(self, record: RequestRecord) -> None:
-        """Account one finished request."""
+    def observe(self, record: RequestRecord, in_window: bool = True) -> None:
+        """Account one finished request; its latencies only if it is ok and ``in_window`` (summary.in_window)."""
         self.outcomes[record.outcome] += 1
         self.prompt_tokens += record.prompt_tokens or 0
         self.output_tokens += record.output_tokens or 0
         if record.dispatch_lag_s is not None:
             self.histograms["dispatch_lag"].observe(record.dispatch_lag_s)
-        if record.outcome != "ok":
+        if record.outcome != "ok" or not in_window:
             return
         for name in ("ttft", "tpot", "e2e"):
             value = getattr(record, f"{name}_s")
@@ -102,7 +111,8 @@ class ClientMetricsCollector(Collector):
         yield outcomes
         yield _counter("batchscope_client_requests_started", "Requests started (sent or about to be sent).",
                        names, labels, stats.started)
-        yield _counter("batchscope_client_arrivals_refused", "Open-loop arrivals refused at the in-flight cap.",
+        yield _counter("batchscope_client_arrivals_refused", "Open-loop arrivals not sent: at the in-flight cap, "
+                       "or while backing off after non-retryable HTTP errors.",
                        names, labels, stats.refused)
         yield _counter("batchscope_client_prompt_tokens", "Prompt tokens of finished requests, from usage.",
                        names, labels, stats.prompt_tokens)

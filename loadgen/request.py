@@ -23,6 +23,14 @@ from loadgen.http import Connection
 
 RECORD_SCHEMA_VERSION = 1
 OUTCOMES = ("ok", "http_error", "timeout", "connection_error", "truncated", "length_mismatch", "aborted")
+RETRYABLE_4XX = (408, 429)  # request timeout, too many requests: the same request may pass later
+
+
+def rejected(record: RequestRecord) -> bool:
+    """The server refused the request itself (a 4xx other than 408/429): as every request of a run is the same,
+    sending it again gets the same answer until someone changes the key, the model or the server."""
+    return (record.outcome == "http_error" and record.status is not None and 400 <= record.status < 500
+            and record.status not in RETRYABLE_4XX)
 
 
 @dataclass

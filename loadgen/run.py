@@ -4,6 +4,10 @@ It sends requests for closed-loop users and for the open-loop dispatcher and cou
 Finished records wait in an outbox until ``report()`` hands them to the controller (directly on a local runner,
 through Locust's worker reports otherwise). At the end, ``stop_now`` refuses new requests and aborts those in
 flight, so each ends as 'aborted'.
+
+Every request of a run is the same, so a non-retryable 4xx (request.rejected) answers for all of them: after
+each one in a row the whole process backs off for BACKOFF_BASE_S doubling up to BACKOFF_CAP_S (closed-loop users
+wait, the dispatcher refuses the arrivals that fall in it); any other outcome ends the streak.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 
 from loadgen import http
 from loadgen.http import Connection, ConnectionPool
-from loadgen.request import RequestRecord, Target, measure
+from loadgen.request import RequestRecord, Target, measure, rejected
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
 
 
@@ -42,6 +46,9 @@ def arrival_times(spec: WorkloadSpec, start: float, worker_index: int, workers: 
 
 
 SPIN_S = 0.002
+RECONNECT_DELAY_S = 0.1  # a dead server: don't spin, but keep trying (and counting attempts) at 10 a second
+BACKOFF_BASE_S = 0.1
+BACKOFF_CAP_S = 5.0  # how soon a fixed server (a key, a model loaded) is noticed again
 
 
 def _sleep_until(moment: float) -> None:
@@ -85,6 +92,9 @@ class LoadRun:
         self.accepting = True
         self.started = 0
         self.refused = 0
+        self._refused_s: list[float] = []  # scheduled times of refused arrivals not yet reported
+        self._rejected_streak = 0
+        self.backoff_until = 0.0
 
     @property
     def in_flight(self) -> int:
@@ -117,11 +127,26 @@ class LoadRun:
             pool.release(connection)
             if record.request_id in self._aborted:
                 record.outcome, record.error = "aborted", "in flight when the run ended"
+            self._note_rejection(record)
             self._outbox.append(record)
             self._on_record(record)
             if not self._active:
                 self._idle.set()
         return record
+
+    def _note_rejection(self, record: RequestRecord) -> None:
+        if not rejected(record):
+            self._rejected_streak = 0
+            return
+        self._rejected_streak += 1
+        delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(self._rejected_streak - 1, 32))
+        self.backoff_until = max(self.backoff_until, time.time() + delay)
+
+    def pause_after(self, record: RequestRecord) -> float:
+        """How long a closed-loop user waits before its next request, after ``record``."""
+        if record.outcome == "connection_error":
+            return RECONNECT_DELAY_S
+        return max(0.0, self.backoff_until - time.time())
 
     def dispatch(self, start: float, end: float) -> None:
         """Open loop: release this worker's arrivals at their scheduled times until ``end``."""
@@ -134,8 +159,9 @@ class LoadRun:
             if not self.accepting or scheduled >= end:
                 break
             _sleep_until(scheduled)
-            if pool.full():
+            if pool.full() or scheduled < self.backoff_until:
                 self.refused += 1
+                self._refused_s.append(scheduled)
                 continue
             pool.spawn(self.run_one, connections, scheduled)
         pool.join()
@@ -149,8 +175,9 @@ class LoadRun:
         Workers send plain dicts (msgpack); a local runner passes the record objects as they are.
         """
         records, self._outbox = self._outbox, []
+        refused_s, self._refused_s = self._refused_s, []
         return {"records": [r.to_dict() for r in records] if as_dicts else records, "started": self.started,
-                "refused": self.refused, "in_flight": self.in_flight, "final": final}
+                "refused": self.refused, "refused_s": refused_s, "in_flight": self.in_flight, "final": final}
 
     def stop_now(self, timeout_s: float = 10.0) -> None:
         """Refuse new requests and abort those in flight (each is delivered as 'aborted')."""

@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from batchscope.secrets import mask_mapping
 
-SCHEMA_VERSION = 1
 MAX_TOKENS = 10_000_000  # per request, prompt or output: beyond any model's context
 MAX_CONCURRENCY = 100_000  # users, or requests in flight
 MAX_RATE = 1e6  # requests/s
@@ -77,11 +76,14 @@ class WorkloadSpec(BaseModel):
     api_key: SecretStr | None = Field(
         None, description="Bearer key; defaults to $BATCHSCOPE_API_KEY or $OPENAI_API_KEY. Masked in every dump.")
     seed: int = Field(1, ge=0, description="Seed for prompts and arrival times.")
-    warmup_s: float = Field(0.0, ge=0, le=MAX_PERIOD_S,
-                            description="Requests scheduled before this are excluded from the summary.")
+    warmup_s: float = Field(0.0, ge=0, le=MAX_PERIOD_S, description="Seconds before the measurement window: "
+                            "requests that end in them are left out of the summary's figures.")
     duration_s: float = Field(60.0, gt=0, le=MAX_PERIOD_S,
                               description="Measurement period after warm-up, seconds (not offline).")
     scenario: str = Field("default", max_length=64, description="Label for this workload in metrics and records.")
+    max_failed_fraction: float = Field(
+        0.5, ge=0, le=1, description="The run fails (exit status 4) when more than this fraction of the requests "
+        "that ended in the measurement window are not ok (aborted ones aside), or when none is ok.")
     load: Load = Field(description="The load mode: concurrency, poisson or offline.")
 
     def resolved_api_key(self) -> str | None:

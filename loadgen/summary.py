@@ -1,11 +1,15 @@
-"""The end-of-run summary: exact statistics from the per-request records, warm-up excluded.
+"""The end-of-run summary: exact statistics from the per-request records over the measurement window.
 
-Definitions as `vllm bench serve`: completion throughput = completed requests / effective measurement
-duration; TTFT, TPOT, E2E per completed request and ITL pooled over every gap of every completed request;
-percentiles exact (numpy), not from buckets. Output tokens/s counts the tokens that *arrived* in the window (by
-their chunk times, whatever became of their request), so a fixed-duration run is not undercounted by the
-requests still streaming at its end; total tokens/s adds the prompts of the requests whose first token came in
-the window.
+The window runs from the end of warm-up for duration_s, or to an earlier stop (offline: to the last request's
+end). Every request figure
+takes the requests that *ended* in the window, whatever their start (``in_window``): completion throughput =
+requests completed ok in the window / the window, as `vllm bench serve` (which has no warm-up) counts it, and
+TTFT, TPOT, E2E per such request and ITL pooled over their every gap, with exact percentiles (numpy). A window
+of a steady system then holds each kind of request at its true rate, long ones included, so a closed loop obeys
+Little's law (throughput x mean E2E = users); counting only requests that both started and ended in it would
+leave out those spanning an edge, the long ones most. Output tokens/s counts the tokens that *arrived* in the
+window (by their chunk times, whatever became of their request); total tokens/s adds the prompts of the requests
+whose first token came in the window. The live client histograms and the web UI's LLM tab use the same rule.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from rich.console import Console
 from rich.table import Table
 
 import batchscope
-from loadgen.request import OUTCOMES, RequestRecord
-from loadgen.spec import SCHEMA_VERSION, OfflineLoad, WorkloadSpec
+from loadgen.request import OUTCOMES, RequestRecord, rejected
+from loadgen.spec import OfflineLoad, PoissonLoad, WorkloadSpec
+
+SUMMARY_SCHEMA_VERSION = 2  # 2: window = requests that ended in it; offered rate; failure
 
 
 class Distribution(BaseModel):
@@ -45,7 +51,7 @@ class Distribution(BaseModel):
 class Summary(BaseModel):
     """One run's result, with the spec that produced it."""
 
-    schema_version: int = Field(SCHEMA_VERSION, description="Bumped on any breaking change of this model.")
+    schema_version: int = Field(SUMMARY_SCHEMA_VERSION, description="Bumped on any breaking change of this model.")
     tool_version: str = Field(batchscope.__version__, description="batchscope version that wrote it.")
     python: str = Field(platform.python_version(), description="Python version of the load generator.")
     run_id: str = Field(description="Run identifier (label run_id in metrics, file names).")
@@ -55,53 +61,102 @@ class Summary(BaseModel):
     started: int = Field(description="Requests started (warm-up included).")
     outcomes: dict[str, int] = Field(description="Finished requests by outcome (warm-up included).")
     balanced: bool = Field(description="started == sum of outcomes: every request ended in exactly one outcome.")
-    refused_arrivals: int = Field(description="Open-loop arrivals refused at the in-flight cap.")
-    completed: int = Field(description="Requests with outcome ok in the measurement window.")
-    failed: dict[str, int] = Field(description="Non-ok, non-aborted outcomes in the measurement window.")
+    refused_arrivals: int = Field(description="Open-loop arrivals not sent (warm-up included): at the in-flight "
+                                  "cap, or while backing off after non-retryable HTTP errors.")
+    window_start_s: float = Field(description="Measurement window start (the end of warm-up), Unix seconds.")
+    completed: int = Field(description="Requests with outcome ok that ended in the measurement window.")
+    failed: dict[str, int] = Field(description="Requests that ended in the window, by non-ok outcome (aborted "
+                                   "excluded: the run's end cut them).")
     effective_duration_s: float = Field(description="Measurement window length, seconds.")
     completion_throughput_rps: float = Field(description="completed / effective_duration_s, requests/s.")
+    target_rate_rps: float | None = Field(description="Poisson: the spec's arrival rate λ, requests/s.")
+    offered_rate_rps: float | None = Field(description="Poisson: arrivals scheduled in the window (sent or "
+                                           "refused) / effective_duration_s, requests/s.")
     output_tokens_per_s: float = Field(description="Output tokens that arrived in the window / duration.")
     total_tokens_per_s: float = Field(description="Those plus the prompts first answered in the window / duration.")
-    ttft: Distribution = Field(description="Time to first token (from the scheduled send).")
-    tpot: Distribution = Field(description="Time per output token, (E2E - TTFT) / (n - 1).")
-    itl: Distribution = Field(description="Inter-token latency, every gap pooled.")
-    e2e: Distribution = Field(description="End-to-end latency (from the scheduled send).")
-    peak_concurrency: int = Field(description="Most requests in flight at once (sweep over send..end).")
-    dispatch_lag_p99_s: float | None = Field(description="p99 of actual - scheduled send, seconds.")
+    ttft: Distribution = Field(description="Time to first token (from the scheduled send), completed requests.")
+    tpot: Distribution = Field(description="Time per output token, (E2E - TTFT) / (n - 1), completed requests.")
+    itl: Distribution = Field(description="Inter-token latency, every gap of the completed requests pooled.")
+    e2e: Distribution = Field(description="End-to-end latency (from the scheduled send), completed requests.")
+    peak_concurrency: int = Field(description="Most requests in flight at once (sweep over send..end, whole run).")
+    dispatch_lag_p99_s: float | None = Field(description="p99 of actual - scheduled send over every request sent "
+                                             "(warm-up included: it measures the generator), seconds.")
+    failure: str | None = Field(description="Why the run failed (exit status 4): no request completed in the "
+                                "window, or more than spec.max_failed_fraction of those that ended in it failed; "
+                                "null when it did not.")
+
+
+def in_window(record: RequestRecord, start: float, end: float) -> bool:
+    """The population of every request figure: the request ended within [start, end]."""
+    return record.end_s is not None and start <= record.end_s <= end
 
 
 def summarize(spec: WorkloadSpec, records: list[RequestRecord], *, run_id: str, host: str, start_s: float,
-              stop_s: float, started: int, refused: int) -> Summary:
-    """Build the summary; the window starts after warm-up and ends at the stop (offline: the last end)."""
+              stop_s: float, started: int, refused: int, refused_s: Sequence[float] = ()) -> Summary:
+    """Build the summary. The window starts after warm-up and lasts duration_s, or less if the run stopped
+    sooner (offline: until the last end); Locust's shape ticks once a second, so the stop itself comes late.
+
+    ``refused_s`` holds the scheduled times of the refused arrivals, for the offered rate.
+    """
     window_start = start_s + spec.warmup_s
-    measured = [r for r in records if r.scheduled_s >= window_start]
-    ends = [r.end_s for r in measured if r.end_s is not None]
-    window_end = max(ends, default=window_start) if isinstance(spec.load, OfflineLoad) else stop_s
+    ends = [r.end_s for r in records if r.end_s is not None]
+    if isinstance(spec.load, OfflineLoad):
+        window_end = max(ends, default=window_start)
+    else:
+        window_end = min(stop_s, window_start + spec.duration_s)
     duration = max(window_end - window_start, 1e-9)
-    ok = [r for r in measured if r.outcome == "ok" and r.end_s is not None and r.end_s <= window_end]
+    ended = [r for r in records if in_window(r, window_start, window_end)]
+    ok = [r for r in ended if r.outcome == "ok"]
     outcomes = dict.fromkeys(OUTCOMES, 0)
     for record in records:
         outcomes[record.outcome] += 1
     failed = dict.fromkeys((o for o in OUTCOMES if o not in ("ok", "aborted")), 0)
-    for record in measured:
+    for record in ended:
         if record.outcome in failed:
             failed[record.outcome] += 1
     output = tokens_in_window(records, window_start, window_end)
     prompt = sum(r.prompt_tokens or 0 for r in records
                  if r.first_token_s is not None and window_start <= r.first_token_s <= window_end)
     lags = [r.dispatch_lag_s for r in records if r.dispatch_lag_s is not None]
+    target_rate = offered = None
+    if isinstance(spec.load, PoissonLoad):
+        target_rate = spec.load.rate
+        arrivals = sum(1 for r in records if window_start <= r.scheduled_s < window_end)
+        arrivals += sum(1 for moment in refused_s if window_start <= moment < window_end)
+        offered = arrivals / duration
     return Summary(
         run_id=run_id, host=host, started_at=datetime.fromtimestamp(start_s, UTC).isoformat(), spec=spec,
         started=started, outcomes=outcomes, balanced=started == sum(outcomes.values()), refused_arrivals=refused,
-        completed=len(ok), failed=failed, effective_duration_s=duration,
-        completion_throughput_rps=len(ok) / duration, output_tokens_per_s=output / duration,
-        total_tokens_per_s=(output + prompt) / duration,
+        window_start_s=window_start, completed=len(ok), failed=failed, effective_duration_s=duration,
+        completion_throughput_rps=len(ok) / duration, target_rate_rps=target_rate, offered_rate_rps=offered,
+        output_tokens_per_s=output / duration, total_tokens_per_s=(output + prompt) / duration,
         ttft=Distribution.of([r.ttft_s for r in ok]), tpot=Distribution.of([r.tpot_s for r in ok if r.tpot_s]),
         itl=Distribution.of(np.concatenate([np.asarray(r.itl_s, dtype=float) for r in ok]) if ok else []),
         e2e=Distribution.of([r.e2e_s for r in ok]),
         peak_concurrency=peak_concurrency(records),
         dispatch_lag_p99_s=float(np.percentile(lags, 99)) if lags else None,
+        failure=failure_reason(spec, len(ok), failed, records),
     )
+
+
+def failure_reason(spec: WorkloadSpec, completed: int, failed: dict[str, int], records: list[RequestRecord]
+                   ) -> str | None:
+    """One line saying why the run failed, or None: nothing completed in the window, or too large a share of
+    the requests that ended in it failed (aborted ones excluded: the run's end cut them, not the server)."""
+    finished = [r for r in records if r.outcome != "aborted"]
+    if completed == 0 and finished and all(rejected(r) and r.status == finished[0].status for r in finished):
+        # the commonest failure by far (a wrong key, model name or length): name the answer the server gave
+        detail = " ".join((finished[0].error or "no detail").split())[:80]
+        return f"all {len(finished)} finished requests were rejected with HTTP {finished[0].status} ({detail})"
+    failures = sum(failed.values())
+    breakdown = ", ".join(f"{outcome} {count}" for outcome, count in failed.items() if count)
+    if completed == 0:
+        return f"no request completed in the measurement window ({breakdown or 'none ended in it'})"
+    fraction = failures / (completed + failures)
+    if fraction > spec.max_failed_fraction:
+        return (f"{failures} of {completed + failures} requests that ended in the window failed ({fraction:.0%} > "
+                f"max_failed_fraction {spec.max_failed_fraction:.0%}): {breakdown}")
+    return None
 
 
 def tokens_in_window(records: list[RequestRecord], start: float, end: float) -> float:
@@ -134,11 +189,13 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
     console = console or Console()
     head = Table(title=f"batchscope load {summary.run_id}: {summary.spec.scenario}", show_header=False)
     head.add_row("completed (ok, in window)", str(summary.completed))
-    head.add_row("failed", ", ".join(f"{k} {v}" for k, v in summary.failed.items() if v) or "0")
+    head.add_row("failed (ended in window)", ", ".join(f"{k} {v}" for k, v in summary.failed.items() if v) or "0")
     head.add_row("aborted at end", str(summary.outcomes["aborted"]))
     head.add_row("started / balanced", f"{summary.started} / {'yes' if summary.balanced else 'NO'}")
     head.add_row("effective duration (s)", f"{summary.effective_duration_s:.2f}")
     head.add_row("completion throughput (req/s)", f"{summary.completion_throughput_rps:.3f}")
+    if summary.offered_rate_rps is not None:
+        head.add_row("offered rate (req/s)", f"{summary.offered_rate_rps:.3f} (target {summary.target_rate_rps:g})")
     head.add_row("output tokens/s", f"{summary.output_tokens_per_s:.1f}")
     head.add_row("total tokens/s", f"{summary.total_tokens_per_s:.1f}")
     head.add_row("peak concurrency", str(summary.peak_concurrency))

@@ -2,7 +2,9 @@
 ``input_tokens`` tokens, and set ``max_tokens`` + ``ignore_eos`` so the output is exactly ``output_tokens``.
 
 Completions get a list of token ids (exact by construction). Chat gets text calibrated through the server's
-/tokenize (its own tokenizer and chat template), by bisection on the number of words.
+/tokenize (its own tokenizer and chat template), by bisection on the number of words. A request longer than the
+server's max_model_len (from GET /v1/models) is refused here, before anything is sent: the server would reject
+every one of them.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None
     headers = {"Content-Type": "application/json"}
     if key := spec.resolved_api_key():
         headers["Authorization"] = f"Bearer {key}"
-    model = resolve_model(spec, base, session, headers)
+    models = list_models(base, session, headers)
+    model = resolve_model(spec, base, models)
+    check_length(spec, model, models)
     rng = np.random.default_rng(spec.seed)
     body: dict = {"model": model, "stream": spec.stream, "ignore_eos": True}
     if spec.stream:
@@ -43,15 +47,34 @@ def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None
                   prompt_tokens=spec.input_tokens, output_tokens=spec.output_tokens, timeout_s=spec.timeout_s)
 
 
-def resolve_model(spec: WorkloadSpec, base: str, session: requests.Session, headers: dict) -> str:
-    if spec.model != "auto":
-        return spec.model
+def list_models(base: str, session: requests.Session, headers: dict) -> list[dict] | Exception:
+    """The model cards of GET /v1/models, or why they could not be read."""
     try:
         reply = session.get(base + "/v1/models", headers=headers, timeout=10)
         reply.raise_for_status()
-        return reply.json()["data"][0]["id"]
-    except (requests.RequestException, KeyError, IndexError, ValueError) as exc:
-        raise SpecError(f"model: 'auto' could not read {base}/v1/models ({exc.__class__.__name__})") from None
+        return [card for card in reply.json()["data"] if isinstance(card, dict) and "id" in card]
+    except (requests.RequestException, KeyError, TypeError, ValueError) as exc:
+        return exc
+
+
+def resolve_model(spec: WorkloadSpec, base: str, models: list[dict] | Exception) -> str:
+    if spec.model != "auto":
+        return spec.model
+    if isinstance(models, Exception) or not models:
+        reason = models.__class__.__name__ if models else "no model listed"
+        raise SpecError(f"model: 'auto' could not read {base}/v1/models ({reason})")
+    return models[0]["id"]
+
+
+def check_length(spec: WorkloadSpec, model: str, models: list[dict] | Exception) -> None:
+    """Refuse a request longer than the model's max_model_len. Unknown (a named model the listing cannot
+    show, e.g. when /v1/models wants a key the spec lacks): the run goes ahead and the server answers."""
+    card = next((c for c in models if c.get("id") == model), None) if isinstance(models, list) else None
+    limit = card.get("max_model_len") if card else None
+    if isinstance(limit, int) and spec.input_tokens + spec.output_tokens > limit:
+        raise SpecError(f"input_tokens + output_tokens: {spec.input_tokens} + {spec.output_tokens} = "
+                        f"{spec.input_tokens + spec.output_tokens} exceeds the server's max_model_len {limit} "
+                        f"for {model}")
 
 
 def chat_messages(target: int, rng: np.random.Generator, count) -> list[dict]:

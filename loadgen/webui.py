@@ -8,10 +8,11 @@ Only the controller (master or local runner) has a web UI, so the tab shows the 
 A tab has one column structure, so the grid is Figure | Mean / value | p50 | p90 | p99: latency rows fill all
 four, every other row puts its single value in the second column. Cells are rendered as plain text.
 
-Client figures follow the end-of-run summary (loadgen/summary.py): latencies of the completed requests of the
-measurement window (warm-up excluded) with exact percentiles, in ms; throughputs over the window so far. The
-live output tokens/s counts the tokens of completed requests (cheap to keep up to date); the end-of-run summary
-counts every token that arrived in the window, so it reads a little higher while long requests are streaming.
+Client figures follow the end-of-run summary (loadgen/summary.py): latencies of the requests completed ok in the
+measurement window (summary.in_window: ended after warm-up and within duration_s) with exact percentiles, in ms;
+throughputs over the window so far. The live output tokens/s counts the tokens of completed requests (cheap to
+keep up to date); the end-of-run summary counts every token that arrived in the window, so it reads a little
+higher while long requests are streaming.
 
 Server figures come from ``<host>/metrics`` (no API key: vLLM serves /metrics without one), read with a 1 s
 timeout at most once per UI poll, over every ``engine``: requests running and waiting (summed), KV cache usage
@@ -38,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadgen.control import RunControl
 from loadgen.request import OUTCOMES
 from loadgen.spec import WorkloadSpec
-from loadgen.summary import Distribution
+from loadgen.summary import Distribution, in_window
 
 if TYPE_CHECKING:
     from locust.web import WebUI
@@ -68,7 +69,7 @@ SAMPLE_PREFIXES = tuple(f"{name}{end}" for names in SERVER_SAMPLES.values() for 
 
 
 class Window:
-    """The completed requests of the measurement window seen so far: their latencies and output tokens.
+    """The requests completed ok in the measurement window seen so far: their latencies and output tokens.
 
     RunControl.records only grows, so each update reads just the records added since the last one. The values
     sit in float arrays, which Distribution.of turns into numpy arrays without a Python-level copy.
@@ -82,8 +83,8 @@ class Window:
         self.latency = {name: Distribution.of([]) for name in LATENCIES}
 
     def update(self, ctl: RunControl) -> None:
-        start = window_start(ctl)
-        ok = [r for r in ctl.records[self.seen:] if r.outcome == "ok" and r.scheduled_s >= start]
+        start, end = ctl.window()
+        ok = [r for r in ctl.records[self.seen:] if r.outcome == "ok" and in_window(r, start, end)]
         self.seen = len(ctl.records)
         if not ok:
             return  # nothing new: the percentiles stand
@@ -97,7 +98,7 @@ class Window:
 
 
 def window_start(ctl: RunControl) -> float:
-    return ctl.start_s + ctl.spec.warmup_s
+    return ctl.window()[0]
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,8 @@ def milliseconds(seconds: float | None) -> str:
 
 
 def throughput_rows(ctl: RunControl, window: Window) -> list[dict[str, str]]:
-    measured = (ctl.stop_s or time.time()) - window_start(ctl)
+    start, end = ctl.window()
+    measured = min(time.time(), end) - start
     if measured <= 0:
         return [row("measured (s)", "warming up")]
     return [

@@ -6,6 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.metrics import ClientStats
 from loadgen.request import RequestRecord
+from loadgen.summary import in_window
 
 
 def merged_samples(result) -> dict[tuple, float]:
@@ -15,8 +16,12 @@ def merged_samples(result) -> dict[tuple, float]:
             for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-def per_worker_stats(records: list[dict]) -> dict[int, ClientStats]:
+def per_worker_stats(records: list[dict], summary: dict) -> dict[int, ClientStats]:
+    """Each worker's records accounted as the master does: latencies of the summary's window only."""
+    start = summary["window_start_s"]
+    end = start + summary["effective_duration_s"]
     stats: dict[int, ClientStats] = {}
     for data in records:
-        stats.setdefault(data["worker"], ClientStats()).observe(RequestRecord(**data))
+        record = RequestRecord(**data)
+        stats.setdefault(data["worker"], ClientStats()).observe(record, in_window=in_window(record, start, end))
     return stats

@@ -10,6 +10,7 @@ import sys
 import pytest
 import requests
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port, run_load, wait_until
 
@@ -18,11 +19,26 @@ SPEC = {"input_tokens": 64, "output_tokens": 60, "timeout_s": 10, "duration_s": 
         "load": {"mode": "concurrency", "concurrency": 4}}
 
 
+def failure_lines(output: str) -> list[str]:
+    """The one-line reasons a failed run logged (Locust's log prefix removed)."""
+    return [line.split(": ", 1)[1] for line in output.splitlines() if "ERROR/batchscope.loadgen: run failed" in line]
+
+
+def server_requests(sim, status: str) -> float:
+    """Completion requests the simulator answered with this status class (its http_requests_total)."""
+    text = requests.get(sim.url + "/metrics", timeout=5).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "http_requests_total" and s.labels["handler"] == "/v1/completions"
+               and s.labels["status"] == status)
+
+
 def test_injected_500s_and_cut_streams_are_outcomes(simulator, tmp_path):
     sim = simulator("--profile", "tiny", "--fault-error-rate", "0.2", "--fault-cut-rate", "0.2", "--seed", "5")
     result = run_load(tmp_path, SPEC, sim.url)
     summary = result.summary
+    # about a third fail: under max_failed_fraction (0.5), so the run itself succeeds
     assert result.returncode == 0 and summary["balanced"], result.output[-3000:]
+    assert summary["failure"] is None and failure_lines(result.output) == []
     assert summary["outcomes"]["http_error"] > 0 and summary["outcomes"]["truncated"] > 0
     assert summary["outcomes"]["ok"] > 0
     assert all(r["status"] == 500 for r in result.records if r["outcome"] == "http_error")
@@ -46,7 +62,9 @@ def test_a_server_killed_mid_run(simulator, tmp_path):
     finally:
         load.kill()
     summary = json.loads((out / "summary.json").read_text())
-    assert load.returncode == 0 and summary["balanced"], output[-3000:]
+    # nothing completes after the kill, and the users keep trying: far more than half of the requests fail
+    assert load.returncode == 4 and summary["balanced"], output[-3000:]
+    assert failure_lines(output) == [f"run failed: {summary['failure']}"]
     assert summary["outcomes"]["truncated"] >= 1  # the streams cut by the kill
     assert summary["outcomes"]["connection_error"] >= 1  # then nothing answers
     assert "Traceback" not in output
@@ -56,6 +74,36 @@ def test_a_stalled_server_ends_requests_as_timeouts(simulator, tmp_path):
     sim = simulator("--profile", "tiny", "--fault-stall-rate", "1", "--fault-stall-s", "2")
     result = run_load(tmp_path, {**SPEC, "timeout_s": 0.5, "duration_s": 2}, sim.url)
     summary = result.summary
-    assert result.returncode == 0 and summary["balanced"], result.output[-3000:]
+    assert result.returncode == 4 and summary["balanced"], result.output[-3000:]  # no request succeeded
+    assert failure_lines(result.output) == ["run failed: no request completed in the measurement window "
+                                            f"(timeout {summary['failed']['timeout']})"]
     assert summary["outcomes"]["timeout"] > 0 and summary["outcomes"]["ok"] == 0
     assert all(r["end_s"] - r["sent_s"] < 1.0 for r in result.records if r["outcome"] == "timeout")
+
+
+@pytest.mark.parametrize("load", [{"mode": "concurrency", "concurrency": 8}, {"mode": "poisson", "rate": 200}])
+def test_a_server_rejecting_every_request_is_not_hammered_and_the_run_fails(simulator, tmp_path, load):
+    # the server wants a key the spec lacks: every request gets 401, instantly. Without backing off, 8 users
+    # would send thousands in 3 s (and the Poisson dispatcher 600)
+    sim = simulator("--profile", "tiny", "--api-key", "right-key")
+    result = run_load(tmp_path, {**SPEC, "model": "sim-model", "duration_s": 3, "load": load}, sim.url)
+    summary = result.summary
+    assert result.returncode == 4 and summary["balanced"], result.output[-3000:]
+    assert 0 < summary["started"] == summary["outcomes"]["http_error"] == server_requests(sim, "4xx") < 50
+    assert failure_lines(result.output) == [
+        f"run failed: all {summary['started']} finished requests were rejected with HTTP 401 "
+        '({"error":"Unauthorized"})']
+    assert "Traceback" not in result.output
+
+
+def test_a_request_longer_than_max_model_len_is_refused_before_sending(simulator, tmp_path):
+    truth = tmp_path / "truth.jsonl"
+    sim = simulator("--profile", "tiny", "--max-model-len", "256", "--ground-truth-log", str(truth))
+    result = run_load(tmp_path, {**SPEC, "input_tokens": 200, "output_tokens": 100}, sim.url)
+    assert result.returncode == 2, result.output[-3000:]
+    errors = [line for line in result.output.splitlines() if "ERROR" in line or "error:" in line]
+    assert len(errors) == 1 and errors[0].endswith(
+        "input_tokens + output_tokens: 200 + 100 = 300 exceeds the server's max_model_len 256 for sim-model")
+    assert server_requests(sim, "2xx") + server_requests(sim, "4xx") == 0
+    assert not truth.exists() or truth.read_text() == ""
+    assert result.summary == {} and result.records == []

@@ -53,6 +53,12 @@ def test_each_mode_balances_and_matches_the_ground_truth(simulator, tmp_path, mo
     # the measurement window, as the summary takes it: warm-up (first connections, cold caches) left out
     start = datetime.fromisoformat(summary["started_at"]).timestamp() + MODES[mode]["warmup_s"]
     measured = [r for r in ok if r["scheduled_s"] >= start]
+    if mode == "poisson":  # the realised offered rate: arrivals scheduled in the window (none refused) / window
+        duration = summary["effective_duration_s"]
+        arrivals = sum(start <= r["scheduled_s"] < start + duration for r in records)
+        assert summary["refused_arrivals"] == 0 and summary["target_rate_rps"] == 20
+        assert summary["offered_rate_rps"] == pytest.approx(arrivals / duration)
+        assert "offered rate (req/s)" in result.output
     # measured from the send: an open loop's dispatch lag (scheduled -> sent) is part of its TTFT by design and
     # is checked on its own (test_poisson); this compares what the client and the server each saw
     ttft_bias = [(r["first_token_s"] - r["sent_s"]) - (truth[r["request_id"]]["first_token_s"]
@@ -72,7 +78,7 @@ def test_two_workers_split_the_load_and_the_master_merges_everything(simulator, 
     sim = simulator("--profile", "tiny")
     result = run_load(tmp_path, {**BASE, **MODES["concurrency"]}, sim.url, workers=2)
     assert_balanced(result)
-    workers = per_worker_stats(result.records)
+    workers = per_worker_stats(result.records, result.summary)
     assert set(workers) == {0, 1}
     merged = merged_samples(result)
     for attribute, (name, _, _) in HISTOGRAMS.items():
@@ -83,3 +89,21 @@ def test_two_workers_split_the_load_and_the_master_merges_everything(simulator, 
         expected = sum(w.outcomes[outcome] for w in workers.values())
         assert merged[("batchscope_client_requests_total", outcome)] == expected
     assert merged[("batchscope_client_requests_started_total", None)] == result.summary["started"]
+
+
+def test_a_closed_loop_obeys_littles_law(simulator, tmp_path):
+    # throughput counts every request completed in the window, whatever its start, so throughput x mean E2E =
+    # users in flight. E2E (~0.23 s) is small next to the 8 s window, so the edges weigh well under the 3%
+    # allowed; so do the ~2 ms after the last token (usage, [DONE]) that hold a user but are not E2E
+    sim = simulator("--profile", "tiny")
+    spec = {**BASE, "output_tokens": 200, "warmup_s": 1, "duration_s": 8,
+            "load": {"mode": "concurrency", "concurrency": 8, "ramp_up_s": 0.2}}
+    result = run_load(tmp_path, spec, sim.url)
+    assert_balanced(result)
+    summary = result.summary
+    assert 0.05 < summary["e2e"]["mean"] < 0.5, summary["e2e"]
+    in_flight = summary["completion_throughput_rps"] * summary["e2e"]["mean"]
+    assert abs(in_flight - 8) / 8 < 0.03, in_flight
+    # one population for every request figure: the requests completed ok in the window
+    assert summary["e2e"]["count"] == summary["ttft"]["count"] == summary["completed"]
+    assert summary["offered_rate_rps"] is None and summary["failure"] is None

@@ -23,11 +23,12 @@ def test_poisson_rate_and_variation_hold_and_two_workers_merge_exactly(simulator
     arrivals = np.sort([r["scheduled_s"] for r in result.records])
     achieved = len(arrivals) / DURATION
     assert abs(achieved - RATE) / RATE < 0.05, achieved
+    assert abs(result.summary["offered_rate_rps"] - RATE) / RATE < 0.05, result.summary["offered_rate_rps"]
     gaps = np.diff(arrivals)
     cv = gaps.std() / gaps.mean()
     assert 0.9 <= cv <= 1.1, cv
     # each worker carries half of λ; together they are one Poisson process at λ
-    workers = per_worker_stats(result.records)
+    workers = per_worker_stats(result.records, result.summary)
     assert set(workers) == {0, 1}
     for stats in workers.values():
         assert abs(stats.finished / DURATION - RATE / 2) / (RATE / 2) < 0.1
