@@ -1,0 +1,74 @@
+"""Stopping a plan part-way: a SIGKILLed tuner, or Ctrl-C, then `--resume` finishes it with every setting ×
+repeat run exactly once and no server left behind."""
+
+from __future__ import annotations
+
+import signal
+import socket
+
+from batchscope.cli import main
+from tests.conftest import wait_until
+from tests.tuner.support import kill_group, run_files, server_ports, start_tune, tiny_plan, tune, write_plan
+
+EXPECTED = {"baseline-r0", "mns-2-r0", "baseline-r1", "mns-2-r1"}
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_sigkilled_plan_resumes_with_no_run_lost_or_duplicated(tmp_path):
+    plan_path = write_plan(tmp_path, tiny_plan(repeats=2))
+    plan_dir = tmp_path / "results" / "tiny"
+    tuner = start_tune(tmp_path, plan_path)
+    try:
+        wait_until(lambda: run_files(plan_dir), timeout_s=60, interval_s=0.05, message="the first run.json")
+    finally:
+        kill_group(tuner)  # the tuner, its server and its load generator, with no chance to clean up
+    first = set(run_files(plan_dir))
+    assert first and first < EXPECTED
+    killed_ports = server_ports(plan_dir)
+
+    resumed = tune(tmp_path, plan_path, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    runs = run_files(plan_dir)
+    assert set(runs) == EXPECTED and all(run["status"] == "ok" for run in runs.values())
+    assert sorted((run["setting"], run["repeat"]) for run in runs.values()) == sorted(
+        (name.rsplit("-r", 1)[0], int(name.rsplit("-r", 1)[1])) for name in EXPECTED)
+    assert all(f"{name}: done before, skipped" in resumed.stderr for name in first)
+    assert len([d for d in plan_dir.iterdir() if d.is_dir()]) == len(EXPECTED)
+    assert not [port for port in killed_ports | server_ports(plan_dir) if listening(port)]
+
+
+def test_ctrl_c_stops_the_run_cleanly_and_resume_completes_the_plan(tmp_path):
+    plan_path = write_plan(tmp_path, tiny_plan(window_s=4))
+    plan_dir = tmp_path / "results" / "tiny"
+    tuner = start_tune(tmp_path, plan_path)
+    log = tmp_path / "tune.log"
+    try:
+        wait_until(lambda: "baseline-r0: window" in log.read_text(), timeout_s=60, interval_s=0.05,
+                   message="the first run's window")
+        tuner.send_signal(signal.SIGINT)  # to the tuner alone: it must stop the server and the load itself
+        assert tuner.wait(timeout=60) == 130
+    finally:
+        kill_group(tuner)
+    last = log.read_text().strip().splitlines()[-1]
+    assert "interrupted" in last and "--resume" in last
+    assert run_files(plan_dir) == {} and (plan_dir / "baseline-r0").is_dir()
+    assert not [port for port in server_ports(plan_dir) if listening(port)]
+
+    resumed = tune(tmp_path, plan_path, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert set(run_files(plan_dir)) == {"baseline-r0", "mns-2-r0"}
+
+
+def test_a_second_tune_without_resume_refuses_to_mix_results(tmp_path, capsys):
+    plan_path = write_plan(tmp_path, tiny_plan())
+    finished = tmp_path / "results" / "tiny" / "baseline-r0" / "run.json"
+    finished.parent.mkdir(parents=True)
+    finished.write_text("{}")
+    assert main(["tune", str(plan_path), "--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and err.count("\n") == 1 and finished.read_text() == "{}"
