@@ -188,7 +188,7 @@ class ProcessServer:
         command_line = mask_argv(argv)
         try:
             wait_healthy(url, self.startup_timeout_s, self._exit_reason, self.log_tail)
-        except StartFailed:
+        except BaseException:  # a failed start, or Ctrl-C while waiting: no server is left behind either way
             self.stop()
             raise
         write_command_file(self.command_file, command_line)
