@@ -13,7 +13,8 @@ from loadgen.metrics import DEFAULT_METRICS_PORT
 from loadgen.spec import SpecError, load_spec
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-MASTER_PORT = 5557  # Locust's default, where --workers' processes connect
+MASTER_PORT = 5557  # Locust's default
+ANY_ADDRESS = ("*", "0.0.0.0")
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -31,6 +32,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     load.add_argument("--master-bind-host", default="127.0.0.1", metavar="ADDR",
                       help="address the master listens on for workers (port 5557); 0.0.0.0 lets workers on other "
                            "hosts join with `locust -f loadgen/locustfile.py --worker --master-host HOST`")
+    load.add_argument("--master-port", type=int, default=MASTER_PORT,
+                      help="port the master listens on for workers (two runs with workers at once need two)")
     load.set_defaults(run=run_load)
 
 
@@ -48,7 +51,10 @@ def run_load(args: argparse.Namespace) -> int:
     for override in args.overrides:
         command += ["--spec-set", override]
     if args.workers:
-        command += ["--processes", str(args.workers), "--master-bind-host", args.master_bind_host]
+        command += ["--processes", str(args.workers), "--master-bind-host", args.master_bind_host,
+                    "--master-bind-port", str(args.master_port), "--master-port", str(args.master_port)]
+        if args.master_bind_host not in ANY_ADDRESS:
+            command += ["--master-host", args.master_bind_host]  # where the forked workers connect
     print(f"batchscope load: {spec.load.mode} load on {args.host}, results in {out}", file=sys.stderr, flush=True)
     # become Locust: signals (Ctrl-C, SIGTERM) reach it directly and no wrapper process is left behind
     os.execv(sys.executable, command)
@@ -61,8 +67,8 @@ def check_inputs(args: argparse.Namespace) -> tuple[str, Path]:
         raise BadInput("--workers: must be >= 0")
     check_port("--metrics-port", args.metrics_port)
     if args.workers:
-        check_port("--master-bind-host", MASTER_PORT, "" if args.master_bind_host in ("*", "0.0.0.0")
-                   else args.master_bind_host)
+        check_port("--master-port", args.master_port,
+                   "" if args.master_bind_host in ANY_ADDRESS else args.master_bind_host)
     run_id = check_run_id(args.run_id) if args.run_id else time.strftime("%Y%m%dT%H%M%S")
     out = Path(args.out or Path("out") / run_id)
     check_out_dir(out)

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 
 from loadgen.checks import BadInput, check_out_dir, check_port, check_run_id
 from loadgen.control import RunControl
-from loadgen.locust_stats import DeferredRequestEvents
+from loadgen.locust_stats import DeferredRequestEvents, take_over_csv
 from loadgen.metrics import DEFAULT_METRICS_PORT, ClientMetricsCollector
 from loadgen.request import Target
 from loadgen.run import LoadRun, work_when_idle
@@ -173,6 +173,10 @@ def on_init(environment: Environment, runner, web_ui=None, **_kwargs) -> None:
                                 concurrent=True)
         environment.events.worker_report.add_listener(
             lambda client_id, data, **_kw: _merge(environment, client_id, data.get("batchscope")))
+    if options.csv_prefix:
+        # stopped at Locust's quit event: after its final stats, before its exit
+        stop_csv = take_over_csv(environment)
+        environment.events.quit.add_listener(lambda **_kw: stop_csv())
     environment.batchscope_registry = _client_registry(control(environment))
     if options.metrics_port:
         start_http_server(options.metrics_port, addr=options.metrics_host, registry=environment.batchscope_registry)

@@ -9,8 +9,10 @@ here and a greenlet feeds them to Locust whenever the event loop is idle; ``flus
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import gevent
+from locust.stats import PERCENTILES_TO_REPORT, StatsCSVFileWriter
 
 from loadgen.request import RequestRecord
 from loadgen.run import work_when_idle
@@ -64,3 +66,22 @@ class DeferredRequestEvents:
         log = self._environment.stats.get(self._name, "ITL").log
         for gap in record.itl_s:
             log(gap * 1000, 0)
+
+
+def take_over_csv(environment) -> Callable[[], None]:
+    """Write Locust's --csv files from a greenlet of ours; returns the function that stops it and closes them.
+
+    Locust's own CSV greenlet outlives the files it writes: a --processes master closes them, then waits for
+    its workers at exit (atexit, which yields), and the greenlet's next write raises "I/O operation on closed
+    file". Call this in the init event: Locust reads ``csv_prefix`` after it to decide whether to start its own.
+    """
+    options = environment.parsed_options
+    writer = StatsCSVFileWriter(environment, PERCENTILES_TO_REPORT, options.csv_prefix, options.stats_history_enabled)
+    options.csv_prefix = None
+    greenlet = gevent.spawn(writer.stats_writer)
+
+    def stop() -> None:
+        greenlet.kill(block=True)
+        writer.close_files()
+
+    return stop

@@ -16,7 +16,6 @@ import yaml
 from tests.conftest import free_port, wait_until
 
 pytestmark = pytest.mark.e2e
-MASTER_PORT = 5557
 SPEC = {"input_tokens": 64, "output_tokens": 40, "timeout_s": 30, "duration_s": 5,
         "load": {"mode": "concurrency", "concurrency": 4}}
 
@@ -41,16 +40,17 @@ def streams_running(sim_url: str) -> bool:
 
 def run_with_key(tmp_path: Path, sim_url: str, spec: dict, env: dict, workers: int) -> tuple[str, str, Path, set]:
     """Run to the end; returns the console output, a mid-run /metrics scrape, the out dir, the master's binds."""
-    spec_path, out, port = tmp_path / "spec.yaml", tmp_path / "out", free_port()
+    spec_path, out, port, master_port = tmp_path / "spec.yaml", tmp_path / "out", free_port(), free_port()
     spec_path.write_text(yaml.safe_dump(spec))
     load = subprocess.Popen([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec_path), "--host",
-                             sim_url, "--workers", str(workers), "--out", str(out), "--metrics-port", str(port)],
+                             sim_url, "--workers", str(workers), "--out", str(out), "--metrics-port", str(port),
+                             "--master-port", str(master_port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
     try:
         # mid-run: the server streams (a worker's first report to the master can take 3 s, the run 5)
         wait_until(lambda: streams_running(sim_url), timeout_s=30, message="requests in flight")
         metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        binds = listeners_on(MASTER_PORT)
+        binds = listeners_on(master_port)
         output, _ = load.communicate(timeout=120)
     finally:
         load.kill()

@@ -37,7 +37,7 @@ def test_a_signal_ends_the_run_with_a_balanced_result(simulator, tmp_path, signu
     # a session of its own: the process group is the master and its workers only, as under a terminal
     load = subprocess.Popen([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec_path), "--host",
                              sim.url, "--workers", str(workers), "--out", str(out), "--metrics-port",
-                             str(free_port())],
+                             str(free_port()), "--master-port", str(free_port())],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         wait_until(lambda: streams_running(sim.url), timeout_s=30, message="requests in flight")
