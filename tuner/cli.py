@@ -3,6 +3,7 @@
     batchscope tune examples/one-knob.yaml                 # results/one-knob/<setting>-r<repeat>/run.json
     batchscope tune examples/one-knob.yaml --resume        # finish an interrupted plan
     batchscope tune examples/one-knob.yaml --what-if       # the simulator's virtual clock, in seconds
+    batchscope tune examples/one-knob.yaml --scenario server --what-if   # MLPerf Server: highest Poisson rate
     batchscope report results/one-knob
 
 Exit status: 0 the plan ran (failed runs are recorded, not fatal), 2 bad input, 130 interrupted.
@@ -14,9 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from tuner.plan import PlanError, load_plan
+from tuner.plan import Plan, PlanError, load_plan
 from tuner.progress import Progress
 from tuner.runner import Interrupted, StopOnSignal, plan_runs, run_plan
+from tuner.scenarios import SCENARIOS, describe, run_scenario
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -31,6 +33,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     tune.add_argument("--what-if", action="store_true", help="run every setting on the simulator's virtual clock")
     tune.add_argument("--exporter-command-file", metavar="FILE",
                       help="write each server's command line here (the exporter's --vllm-command-file)")
+    tune.add_argument("--scenario", choices=SCENARIOS,
+                      help="MLPerf scenario per setting instead of the plan's load: server (highest Poisson rate "
+                           "meeting the plan's p99 TTFT/TPOT bounds) or offline (all requests at once)")
+    tune.add_argument("--start-rps", type=float, default=1.0, help="server scenario: first rate tried, req/s")
+    tune.add_argument("--requests", type=int, default=1000, help="offline scenario: requests released at once")
     tune.set_defaults(run=run_tune)
     report = commands.add_parser("report", help="write the comparison report of a plan's results")
     report.add_argument("plan_dir", help="results/<plan> folder")
@@ -48,6 +55,8 @@ def run_tune(args: argparse.Namespace) -> int:
         return _error(str(exc))
     plan_dir = results / (plan.name + (WHAT_IF_SUFFIX if args.what_if else ""))
     command_file = Path(args.exporter_command_file) if args.exporter_command_file else None
+    if args.scenario:
+        return run_mlperf(args, plan, plan_dir, command_file)
     try:
         with StopOnSignal(), Progress(total=len(runs)) as progress:
             done = run_plan(plan, plan_dir, resume=args.resume, what_if=args.what_if, command_file=command_file,
@@ -62,6 +71,24 @@ def run_tune(args: argparse.Namespace) -> int:
     print(f"batchscope tune: {len(done)} runs done ({failed} failed), {len(runs) - len(done)} done before; "
           f"results in {plan_dir}")
     _print_report(plan_dir)
+    return 0
+
+
+def run_mlperf(args: argparse.Namespace, plan: Plan, plan_dir: Path, command_file: Path | None) -> int:
+    if not 0 < args.start_rps <= 1e6:
+        return _error("--start-rps: must be in (0, 1e6] req/s")
+    if not 0 < args.requests <= 1_000_000:
+        return _error("--requests: must be in 1..1000000")
+    try:
+        with StopOnSignal(), Progress(total=len(plan.settings())) as progress:
+            results = run_scenario(plan, plan_dir, args.scenario, what_if=args.what_if, command_file=command_file,
+                                   progress=progress, start_rps=args.start_rps, offline_requests=args.requests)
+    except Interrupted as exc:
+        print(f"batchscope tune: interrupted ({exc})", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    for result in results:
+        print(describe(result))
+    print(f"batchscope tune: {args.scenario} scenario results in {plan_dir / ('mlperf-' + args.scenario)}")
     return 0
 
 

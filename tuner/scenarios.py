@@ -1,0 +1,72 @@
+"""MLPerf's scenarios for each setting of a plan: `server` (the highest Poisson rate meeting the p99 bounds) and
+`offline` (all requests at once, throughput). The search logic is tuner/mlperf.py's; this drives it with real-time
+runs (the plan's backend, restarted per point) or what-if runs, and keeps every point's data.
+
+Layout: results/<plan>[.what-if]/mlperf-<scenario>/<setting>.json (the search or the offline result) and one
+folder per point, <setting>/rate-<rps>/ or <setting>/offline/, holding that run's data and run.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from tuner.backends import Server, make_server
+from tuner.mlperf import OfflineResult, ServerSearch, offline_plan, offline_throughput, poisson_plan, search_server
+from tuner.plan import Plan, ServingParams
+from tuner.progress import Progress
+from tuner.results import RUN_FILE, RunResult, write_atomically
+from tuner.runner import PlannedRun, run_one, what_if_run
+
+SCENARIOS = ("server", "offline")
+
+
+def run_scenario(plan: Plan, plan_dir: Path, scenario: str, *, what_if: bool, command_file: Path | None,
+                 progress: Progress, start_rps: float, offline_requests: int) -> list[BaseModel]:
+    """Run ``scenario`` for every setting of the plan; return (and save) one result per setting."""
+    server = None if what_if else make_server(plan.backend, command_file)
+    out_dir = plan_dir / f"mlperf-{scenario}"
+    results: list[BaseModel] = []
+    for index, (setting, params) in enumerate(plan.settings(), start=1):
+        progress.begin(index, f"{scenario} {setting}")
+
+        def measure(point_plan: Plan, folder: str, setting=setting, params=params) -> RunResult:
+            return _measure(point_plan, setting, params, out_dir / setting / folder, server, progress)
+
+        if scenario == "server":
+            result: BaseModel = search_server(
+                setting, lambda rate, m=measure: m(poisson_plan(plan, rate), f"rate-{rate:g}"), plan.slos,
+                start_rps=start_rps)
+        else:
+            result = offline_throughput(lambda m=measure: m(offline_plan(plan, offline_requests), "offline"))
+        write_atomically(out_dir / f"{setting}.json", result.model_dump_json(indent=2))
+        results.append(result)
+    return results
+
+
+def _measure(plan: Plan, setting: str, params: ServingParams, run_dir: Path, server: Server | None,
+             progress: Progress) -> RunResult:
+    run = PlannedRun(0, setting, params, 0)
+    result = what_if_run(plan, run, progress) if server is None else run_one(plan, run, run_dir, server, progress)
+    write_atomically(run_dir / RUN_FILE, result.model_dump_json(indent=2))
+    return result
+
+
+def describe(result: BaseModel) -> str:
+    """One line per setting for the console."""
+    if isinstance(result, ServerSearch):
+        low, high = result.bracket_low_rps, result.bracket_high_rps
+        bracket = f"[{_rate(low)}, {_rate(high)}] req/s"
+        return (f"server {result.setting}: highest rate meeting p99 TTFT/TPOT bounds in {bracket} "
+                f"after {len(result.points)} runs")
+    assert isinstance(result, OfflineResult)
+    if result.status != "ok":
+        return f"offline {result.setting}: failed ({result.failure})"
+    return (f"offline {result.setting}: {result.requests_per_s:.2f} req/s, {result.output_tokens_per_s:.0f} "
+            f"output tokens/s ({result.completed} requests in {result.duration_s:.1f} s)")
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
