@@ -1,54 +1,157 @@
 """`batchscope exporter`: one Prometheus target merging vLLM's /metrics, the load generator's client metrics
-and the serving configuration in effect. Every flag can also be set as a BATCHSCOPE_* environment variable."""
+and the serving configuration in effect. Every flag can also be set as a BATCHSCOPE_* environment variable.
+
+Environment values are read when the exporter runs, not when the parser is built, so a malformed one
+(``BATCHSCOPE_PORT=abc``) stops only `batchscope exporter`, with one line naming the variable (exit status 2);
+`batchscope --help` and the other subcommands never see it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import logging
+import math
 import os
 import signal
+import socket
 import sys
 import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 
 from exporter.changes import ChangeTracker, GrafanaAnnotator
 from exporter.collector import BatchscopeCollector, ExporterSources
+from exporter.config import parse_command
 from exporter.docker_source import DockerSource
+from exporter.health import shown_url
 from exporter.server import make_server, serve_in_thread
 
 log = logging.getLogger("batchscope.exporter")
 DEFAULT_PORT = 9648
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"BATCHSCOPE_{name}", default)
+@dataclass(frozen=True)
+class Option:
+    """One flag and its environment variable (BATCHSCOPE_ + the flag's name)."""
+
+    flag: str
+    help: str
+    default: object = None
+    type: Callable[[str], object] = str
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return "BATCHSCOPE_" + self.dest.upper()
+
+
+OPTIONS = (
+    Option("--vllm-url", "vLLM base URL", "http://127.0.0.1:8000"),
+    Option("--loadgen-url", "load generator master's metrics base URL, e.g. http://127.0.0.1:9646"),
+    Option("--host", "address to listen on", "127.0.0.1"),
+    Option("--port", "port to listen on (0: a free one)", DEFAULT_PORT, int),
+    Option("--vllm-api-key", "bearer key for vLLM's /v1 routes"),
+    Option("--vllm-command", "the `vllm serve ...` command line"),
+    Option("--vllm-command-file", "file holding the current `vllm serve` command line (re-read at every scrape)"),
+    Option("--docker-container", "read the vLLM container's command line and logs through the docker SDK"),
+    Option("--docker-service", "find the vLLM container by its compose service label instead (e.g. vllm)"),
+    Option("--grafana-url", "post an annotation per change here"),
+    Option("--grafana-token", "Grafana service-account token"),
+    Option("--grafana-user", "Grafana basic-auth user"),
+    Option("--grafana-password", "Grafana basic-auth password"),
+    Option("--scrape-timeout-s", "timeout for each upstream fetch, seconds", 2.0, float),
+)
+URL_FLAGS = ("--vllm-url", "--loadgen-url", "--grafana-url")
+
+
+class BadInput(ValueError):
+    """A flag or variable the user gave is unusable; the message is one line naming it."""
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("exporter", help="serve vLLM + client metrics + serving config as one target")
-    p.add_argument("--vllm-url", default=_env("VLLM_URL", "http://127.0.0.1:8000"), help="vLLM base URL")
-    p.add_argument("--loadgen-url", default=_env("LOADGEN_URL"),
-                   help="load generator master's metrics base URL, e.g. http://127.0.0.1:9646")
-    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="address to listen on")
-    p.add_argument("--port", type=int, default=int(_env("PORT", str(DEFAULT_PORT))), help="port to listen on")
-    p.add_argument("--vllm-api-key", default=_env("VLLM_API_KEY"), help="bearer key for vLLM's /v1 routes")
-    p.add_argument("--vllm-command", default=_env("VLLM_COMMAND"), help='the `vllm serve ...` command line')
-    p.add_argument("--vllm-command-file", default=_env("VLLM_COMMAND_FILE"),
-                   help="file holding the current `vllm serve` command line (re-read at every scrape)")
-    p.add_argument("--docker-container", default=_env("DOCKER_CONTAINER"),
-                   help="read the vLLM container's command line and logs through the docker SDK")
-    p.add_argument("--docker-service", default=_env("DOCKER_SERVICE"),
-                   help="find the vLLM container by its compose service label instead (e.g. vllm)")
-    p.add_argument("--grafana-url", default=_env("GRAFANA_URL"), help="post an annotation per change here")
-    p.add_argument("--grafana-token", default=_env("GRAFANA_TOKEN"), help="Grafana service-account token")
-    p.add_argument("--grafana-user", default=_env("GRAFANA_USER"), help="Grafana basic-auth user")
-    p.add_argument("--grafana-password", default=_env("GRAFANA_PASSWORD"), help="Grafana basic-auth password")
-    p.add_argument("--scrape-timeout-s", type=float, default=float(_env("SCRAPE_TIMEOUT_S", "2")),
-                   help="timeout for each upstream fetch, seconds")
+    for option in OPTIONS:
+        default = f"; default {option.default}" if option.default is not None else ""
+        # default None: the environment and the real default are applied in run_exporter (see the docstring)
+        p.add_argument(option.flag, type=option.type, default=None, help=f"{option.help} (env {option.env}{default})")
     p.set_defaults(run=run_exporter)
+
+
+def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+    """Fill every flag not given from its environment variable, else its default. Returns, per flag given by
+    the user, how to name it in an error: the flag, or the variable it came from."""
+    names = {}
+    for option in OPTIONS:
+        if getattr(args, option.dest) is not None:
+            names[option.flag] = option.flag
+            continue
+        raw = environ.get(option.env, "")
+        if raw == "":  # unset, or set empty as compose's ${VAR:-} does
+            setattr(args, option.dest, option.default)
+            names[option.flag] = option.flag
+            continue
+        try:
+            setattr(args, option.dest, option.type(raw))
+        except ValueError:
+            raise BadInput(f"{option.env}: invalid {option.type.__name__} value {raw!r}") from None
+        names[option.flag] = option.env
+    return names
+
+
+def check(args: argparse.Namespace, names: Mapping[str, str]) -> None:
+    """Refuse at start what cannot work: a URL without http(s), a timeout <= 0, a port out of range, a command
+    file that is missing or unreadable, a command line that cannot be split."""
+    for flag in URL_FLAGS:
+        url = getattr(args, flag[2:].replace("-", "_"))
+        if url is not None:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise BadInput(f"{names[flag]}: {shown_url(url)!r} is not an http:// or https:// URL")
+    if not (math.isfinite(args.scrape_timeout_s) and args.scrape_timeout_s > 0):
+        raise BadInput(f"{names['--scrape-timeout-s']}: must be a number of seconds > 0, not {args.scrape_timeout_s}")
+    if not 0 <= args.port <= 65535:
+        raise BadInput(f"{names['--port']}: must be in 0..65535, not {args.port}")
+    if args.vllm_command_file is not None:
+        path = Path(args.vllm_command_file)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise BadInput(f"{names['--vllm-command-file']}: cannot read {path} ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise BadInput(f"{names['--vllm-command-file']}: {path} is not a text file") from None
+        _check_command(names["--vllm-command-file"], text)
+    if args.vllm_command is not None:
+        _check_command(names["--vllm-command"], args.vllm_command)
+
+
+def _check_command(name: str, command: str) -> None:
+    try:
+        parse_command(command)
+    except ValueError as exc:  # shlex: "No closing quotation"; the command itself is not shown (it may hold keys)
+        raise BadInput(f"{name}: cannot split the command line ({exc})") from None
+
+
+def bind(host: str, port: int, name_port: str, registry: CollectorRegistry):
+    """The HTTP server, bound now so a busy port or an unknown host is a start-up error."""
+    try:
+        return make_server(registry, host, port)
+    except socket.gaierror as exc:
+        raise BadInput(f"--host: cannot resolve {host!r} ({exc.strerror})") from None
+    except OSError as exc:
+        flag = "--host" if exc.errno == errno.EADDRNOTAVAIL else name_port
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise BadInput(f"{flag}: cannot listen on {host}:{port} ({reason})") from None
 
 
 def build_collector(args: argparse.Namespace) -> BatchscopeCollector:
@@ -71,24 +174,28 @@ def build_collector(args: argparse.Namespace) -> BatchscopeCollector:
 
 
 def run_exporter(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    """Check every input and bind the port before the first log line; serve until SIGINT (130) or SIGTERM (0)."""
     registry = CollectorRegistry()
+    try:
+        names = resolve(args, os.environ)
+        check(args, names)
+        server = bind(args.host, args.port, names["--port"], registry)
+    except BadInput as exc:
+        print(f"batchscope exporter: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
     registry.register(build_collector(args))
     # scrapes allocate many short-lived objects; keep the start-up heap out of every full collection
     gc.collect()
     gc.freeze()
-    try:
-        server = make_server(registry, args.host, args.port)
-    except OSError as exc:
-        print(f"batchscope exporter: error: --port: cannot listen on {args.host}:{args.port}: {exc.strerror}",
-              file=sys.stderr)
-        return 1
     serve_in_thread(server)
+    # URLs only: keys, tokens and command lines are never logged
     log.info("exporter on http://%s:%d/metrics (vLLM %s, load generator %s)", args.host,
-             server.server_address[1], args.vllm_url, args.loadgen_url or "-")
+             server.server_address[1], shown_url(args.vllm_url), shown_url(args.loadgen_url or "-"))
     stop = threading.Event()
+    received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: (received.append(signum), stop.set()))
     stop.wait()
     server.shutdown()
-    return 0
+    return EXIT_INTERRUPTED if received[0] == signal.SIGINT else 0

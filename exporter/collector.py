@@ -8,6 +8,8 @@ everything else is still served. Nothing is polled between scrapes.
 
 from __future__ import annotations
 
+import logging
+import shlex
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +26,9 @@ from exporter import families
 from exporter.changes import ChangeTracker
 from exporter.config import ServingConfig, from_exposed, parse_command
 from exporter.docker_source import ContainerView, DockerSource
+from exporter.health import DownReporter, down_cause
+
+log = logging.getLogger("batchscope.exporter")
 
 
 @dataclass
@@ -53,18 +58,20 @@ class ExporterSources:
 class BatchscopeCollector(Collector):
     """One Prometheus target carrying both sides of every request and the configuration behind them."""
 
-    def __init__(self, sources: ExporterSources, changes: ChangeTracker) -> None:
+    def __init__(self, sources: ExporterSources, changes: ChangeTracker,
+                 health: DownReporter | None = None) -> None:
         self._sources = sources
         self._changes = changes
+        self._health = health or DownReporter()
         self._local = threading.local()  # one requests.Session per pool thread
         self._parsers = {prefix: families.IncrementalParser() for prefix in ("vllm:", "batchscope_client_")}
         self._pool = ThreadPoolExecutor(max_workers=5, thread_name_prefix="scrape")
 
     def collect(self) -> Iterator[Metric]:
         src = self._sources
-        vllm_future = self._pool.submit(self._scrape, src.vllm_url + "/metrics", "vllm:")
-        loadgen_future = self._pool.submit(self._scrape, src.loadgen_url + "/metrics", "batchscope_client_") \
-            if src.loadgen_url else None
+        vllm_future = self._pool.submit(self._scrape, "vllm", src.vllm_url + "/metrics", "vllm:")
+        loadgen_future = self._pool.submit(self._scrape, "loadgen", src.loadgen_url + "/metrics",
+                                           "batchscope_client_") if src.loadgen_url else None
         card_future = self._pool.submit(self._json, "/v1/models")
         version_future = self._pool.submit(self._json, "/version")
         docker_future = self._pool.submit(src.docker.read) if src.docker else None
@@ -92,9 +99,10 @@ class BatchscopeCollector(Collector):
             self._local.session = requests.Session()
         return self._local.session
 
-    def _scrape(self, url: str, prefix: str) -> TargetScrape:
+    def _scrape(self, target: str, url: str, prefix: str) -> TargetScrape:
         started = time.perf_counter()
         result = TargetScrape()
+        cause = None
         try:
             reply = self._session().get(url, timeout=self._sources.timeout_s, headers={"Accept": "text/plain"})
             reply.raise_for_status()
@@ -104,8 +112,10 @@ class BatchscopeCollector(Collector):
                                         if f.name == "process_start_time_seconds" and f.samples), None)
             result.up = True
         except (requests.RequestException, ValueError) as exc:
-            result.error = str(exc)[:200]
+            cause = down_cause(exc, self._sources.timeout_s)
+            result.error = cause.text
         result.duration_s = time.perf_counter() - started
+        self._health.observe(target, url, cause)
         return result
 
     def _json(self, path: str) -> dict | None:
@@ -131,10 +141,15 @@ class BatchscopeCollector(Collector):
             config = container.config.merged_over(config)
         return config
 
-    def _command(self) -> str | None:
+    def _command(self) -> str | list[str] | None:
         src = self._sources
         if src.vllm_command_file is not None and src.vllm_command_file.exists():
-            return src.vllm_command_file.read_text().strip() or None  # re-read: a tuner rewrites it per setting
+            try:
+                text = src.vllm_command_file.read_text()  # re-read: a tuner rewrites it per setting
+                return shlex.split(text) or None
+            except (OSError, ValueError) as exc:  # never the file's text: it may hold a key
+                log.warning("--vllm-command-file %s: cannot read a command line (%s); using --vllm-command",
+                            src.vllm_command_file, getattr(exc, "strerror", None) or exc)
         return src.vllm_command
 
     def _config_families(self, config: ServingConfig, vllm_families: list[Metric],

@@ -3,13 +3,19 @@
 Sources, most trusted first: the vLLM container's command line (docker SDK), a command line handed to the
 exporter (string or file), and vLLM's own endpoints (cache_config_info labels, /v1/models, /version). Values
 from a more trusted source win; what no source tells stays unknown ("").
+
+Secrets are masked here, at the source: the value of every flag whose name says key, token, secret or password
+(``--api-key``, ``--hf-token``) is ``***`` in a ServingConfig, so the info metric, the logs and the Grafana
+annotations built from it never hold one.
 """
 
 from __future__ import annotations
 
 import shlex
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from batchscope.secrets import mask_mapping
 
 # the knobs this project is about, plus what identifies the deployment; every other flag goes to other_flags
 KNOWN_FLAGS = ("model", "served_model_name", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
@@ -32,7 +38,15 @@ class ServingConfig(BaseModel):
     max_model_len: str = Field("", description="--max-model-len: prompt + output limit, tokens.")
     block_size: str = Field("", description="--block-size: tokens per KV block.")
     vllm_version: str = Field("", description="vLLM version from /version.")
-    other_flags: dict[str, str] = Field(default_factory=dict, description="Any other flag given, name: value.")
+    other_flags: dict[str, str] = Field(default_factory=dict, description="Any other flag given, name: value "
+                                        "(secret ones, e.g. api_key, hf_token, as '***').")
+
+    @field_validator("other_flags")
+    @classmethod
+    def _mask_secrets(cls, flags: dict[str, str]) -> dict[str, str]:
+        # A masked value cannot be diffed: a new --api-key alone is not a configuration change (only adding or
+        # removing a secret flag is). A server restarted with a new key still shows as a restart (start time).
+        return {name: str(value) for name, value in mask_mapping(flags).items()}
 
     def merged_over(self, base: ServingConfig) -> ServingConfig:
         """This config's known values on top of ``base``'s."""
