@@ -168,22 +168,28 @@ class Plan(BaseModel):
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file; raise PlanError with one line naming the field."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise PlanError(f"plan: cannot read {path}: {exc.strerror}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise PlanError(f"plan: {path} is not valid YAML ({exc.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise PlanError(f"plan: {path} must hold a mapping of fields")
+    data = _read_mapping(path, "plan")
     if isinstance(data.get("workload"), str):
-        data["workload"] = _read_workload(path.parent / data["workload"])
+        data["workload"] = _read_mapping(path.parent / data["workload"], "plan: workload")
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
         raise PlanError(one_line(exc)) from None
     plan.settings()  # every variation applied to the baseline must itself be a valid configuration
     return plan
+
+
+def _read_mapping(path: Path, what: str) -> dict:
+    """A YAML file holding a mapping, or PlanError saying '<what>: ...' in one line."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise PlanError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise PlanError(f"{what}: {path} is not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{what}: {path} must hold a mapping of fields")
+    return data
 
 
 def one_line(exc: ValidationError, prefix: str = "") -> str:
@@ -198,15 +204,3 @@ def one_line(exc: ValidationError, prefix: str = "") -> str:
         message = f"kind must be one of: {', '.join(error['ctx'].get('expected_tags', '').split(', '))}" \
             if "backend" in location else "mode must be one of: concurrency, poisson, offline"
     return f"plan: {field}: {message}"
-
-
-def _read_workload(path: Path) -> dict:
-    try:
-        workload = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise PlanError(f"plan: workload: cannot read {path}: {exc.strerror}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise PlanError(f"plan: workload: {path} is not valid YAML ({exc.__class__.__name__})") from None
-    if not isinstance(workload, dict):
-        raise PlanError(f"plan: workload: {path} must hold a mapping of fields")
-    return workload
