@@ -1,4 +1,5 @@
-"""Open-loop Poisson load over a minute with two worker processes: rate, burstiness and merged metrics."""
+"""Open-loop Poisson load for half a minute (1,200 arrivals) with two worker processes: rate, burstiness and
+merged metrics."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tests.conftest import run_load
 from tests.loadgen.support import merged_samples, per_worker_stats
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-RATE, DURATION = 40.0, 62.0
+RATE, DURATION = 40.0, 30.0
 
 
 def test_poisson_rate_and_variation_hold_and_two_workers_merge_exactly(simulator, tmp_path):

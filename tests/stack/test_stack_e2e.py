@@ -41,7 +41,7 @@ BASELINE_SPEC = {"input_tokens": 128, "output_tokens": 64, "scenario": "baseline
 TIGHT_SPEC = {"input_tokens": 512, "output_tokens": 256, "scenario": "tight",
               "load": {"mode": "concurrency", "concurrency": 16, "ramp_up_s": 1}}
 RUN_S = 600  # longer than the test: the loads are stopped (SIGTERM) when it is done
-ALERT_DEADLINE_S = 240  # for: 1m after the 1 m rate rises, plus Alertmanager's group_wait, with slack
+ALERT_DEADLINE_S = 180  # for: 30s after the 1 m rate rises, plus Alertmanager's group_wait, with slack
 
 
 @dataclass
