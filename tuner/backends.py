@@ -10,7 +10,9 @@ dashboards and the change annotation name the setting being measured.
 
 from __future__ import annotations
 
+import ctypes
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from tuner.signals import kv_capacity_from_metrics
 SIMULATOR_STARTUP_S = 60.0
 STOP_GRACE_S = 15.0
 TAIL_LINES = 20
+PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal a child gets when its parent dies
 # The flags a setting owns: their values in a container's command are replaced, everything else is kept.
 KNOB_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",
               "--block-size")
@@ -169,8 +172,14 @@ def write_command_file(path: Path | None, command_line: list[str]) -> None:
         write_atomically(path, shlex.join(command_line) + "\n")
 
 
+def die_with_parent() -> None:
+    """In a child process (the server, the load): SIGTERM when the tuner dies, even by SIGKILL (Linux
+    PR_SET_PDEATHSIG), so an interrupted plan never leaves a server holding the GPU or the port --resume needs."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class ProcessServer:
-    """A server run as a child process (same process group: a killed tuner takes it along), output to a file."""
+    """A server run as a child process that dies with the tuner, output to a file."""
 
     def __init__(self, command_file: Path | None, startup_timeout_s: float) -> None:
         self.command_file = command_file
@@ -184,7 +193,8 @@ class ProcessServer:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            preexec_fn=die_with_parent)
         command_line = mask_argv(argv)
         try:
             wait_healthy(url, self.startup_timeout_s, self._exit_reason, self.log_tail)
@@ -273,8 +283,10 @@ class DockerServer:
         url = self.backend.url.rstrip("/")
         try:
             wait_healthy(url, self.backend.startup_timeout_s, self._exit_reason, self.log_tail)
-        finally:
-            self._save_log()
+        except BaseException:  # a failed start, or Ctrl-C while waiting: no container is left running
+            self.stop()
+            raise
+        self._save_log()
         write_command_file(self.command_file, command_line)
         return Started(url, command_line, kv_capacity(self._logs(), url))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tuner.plan import Plan, PlanError, load_plan
 from tuner.progress import Progress
+from tuner.results import PLAN_FILE
 from tuner.runner import Interrupted, StopOnSignal, plan_runs, run_plan
 from tuner.scenarios import SCENARIOS, describe, run_scenario
 
@@ -70,7 +71,10 @@ def run_tune(args: argparse.Namespace) -> int:
     failed = sum(1 for result in done if result.status == "failed")
     print(f"batchscope tune: {len(done)} runs done ({failed} failed), {len(runs) - len(done)} done before; "
           f"results in {plan_dir}")
-    _print_report(plan_dir)
+    try:
+        _print_report(plan_dir)
+    except ValueError as exc:  # the runs stand; the report says why it cannot compare them
+        print(f"batchscope tune: no report: {exc}", file=sys.stderr)
     return 0
 
 
@@ -94,23 +98,18 @@ def run_mlperf(args: argparse.Namespace, plan: Plan, plan_dir: Path, command_fil
 
 def run_report(args: argparse.Namespace) -> int:
     plan_dir = Path(args.plan_dir)
-    if not (plan_dir / "plan.json").is_file():
-        return _error(f"{plan_dir}: no plan.json (not a results/<plan> folder)", "report")
+    if not (plan_dir / PLAN_FILE).is_file():
+        return _error(f"{plan_dir}: no {PLAN_FILE} (not a results/<plan> folder)", "report")
     try:
-        from tuner.report import write_report
-    except ImportError:
-        return _error("the report module (tuner.report) is not installed", "report")
-    for path in write_report(plan_dir):
-        print(f"report: {path}")
+        _print_report(plan_dir)
+    except ValueError as exc:  # no finished run, or runs whose locked conditions differ (ConditionsDiffer)
+        return _error(str(exc), "report")
     return 0
 
 
 def _print_report(plan_dir: Path) -> None:
-    try:
-        from tuner.report import write_report  # another module; the plan's results stand without it
-    except ImportError:
-        print(f"report: not written (tuner.report missing); run `batchscope report {plan_dir}` later")
-        return
+    from tuner.report import write_report  # matplotlib and the statistics: loaded only to write a report
+
     for path in write_report(plan_dir):
         print(f"report: {path}")
 

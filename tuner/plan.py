@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
+from batchscope.secrets import mask_argv
 from loadgen.spec import WorkloadSpec
 
 SCHEMA_VERSION = 1
@@ -45,6 +46,11 @@ class ServingParams(BaseModel):
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs (vLLM's rule)")
         return self
+
+    @field_serializer("extra_flags")
+    def _mask_secret_flags(self, flags: list[str]) -> list[str]:
+        # every dump is written somewhere (plan.json, run.json, the report): `--api-key K` shows as `--api-key ***`
+        return mask_argv(flags)
 
     def flags(self) -> list[str]:
         """The `vllm serve` arguments after the model, in a fixed order."""

@@ -28,9 +28,8 @@ from tuner.compare import (  # noqa: E402
     compare,
 )
 from tuner.plan import Plan, Slos  # noqa: E402
-from tuner.results import load_results, write_atomically  # noqa: E402
+from tuner.results import PLAN_FILE, load_results, write_atomically  # noqa: E402
 
-PLAN_FILE = "plan.json"
 FILES = ("report.md", "report.html", "report.csv", "comparison.json")
 CSV_COLUMNS = ("setting", "metric", "unit", "baseline", "value", "delta", "ci_low", "ci_high", "significant",
                "relative", "ci_method")

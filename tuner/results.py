@@ -23,6 +23,7 @@ from tuner.plan import ServingParams
 
 SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
+PLAN_FILE = "plan.json"  # the plan, beside its runs: the report reads it
 
 
 class ClientFigures(BaseModel):

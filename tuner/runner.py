@@ -25,14 +25,12 @@ from pathlib import Path
 import requests
 import yaml
 
-from batchscope.secrets import MASK
-from tuner.backends import Server, Started, StartFailed, free_port, make_server, tail
+from tuner.backends import Server, Started, StartFailed, die_with_parent, free_port, make_server, tail
 from tuner.plan import Plan, PlanError, ServingParams
 from tuner.progress import Progress, read_client
-from tuner.results import RUN_FILE, RunResult, now_iso, run_name, save, write_atomically
+from tuner.results import PLAN_FILE, RUN_FILE, RunResult, now_iso, run_name, save, write_atomically
 from tuner.signals import MetricsPoint, client_figures, parse_metrics, read_summary, request_samples, server_signals
 
-PLAN_FILE = "plan.json"
 SAMPLE_INTERVAL_S = 1.0
 MAX_SAMPLES = 24 * 3600  # a day of one-second samples: bounded memory whatever the window
 LOAD_GRACE_S = 120.0  # beyond warm-up + window: Locust's start, the stop and the summary
@@ -73,12 +71,6 @@ def diff(baseline: ServingParams, params: ServingParams) -> list[str]:
     """What a setting changes, as 'field: old → new' (the exporter's change-log wording)."""
     old, new = baseline.model_dump(), params.model_dump()
     return [f"{key}: {old[key]} → {new[key]}" for key in new if new[key] != old[key]]
-
-
-def masked_conditions(plan: Plan):
-    """The run's workload with the API key masked (it is stored in every run.json)."""
-    spec = plan.run_spec()
-    return spec.model_copy(update={"api_key": MASK}) if spec.api_key else spec
 
 
 # --- the plan loop ------------------------------------------------------------------------------------------
@@ -131,7 +123,7 @@ def run_one(plan: Plan, run: PlannedRun, run_dir: Path, server: Server, progress
     run_dir.mkdir(parents=True)
     started_at = now_iso()
     base = {"plan": plan.name, "setting": run.setting, "repeat": run.repeat, "mode": "real-time",
-            "params": run.params, "conditions": masked_conditions(plan), "started_at": started_at}
+            "params": run.params, "conditions": plan.run_spec(), "started_at": started_at}
     progress.set_phase("starting server")
     try:
         started = server.start(run.params, run_dir / "server.log")
@@ -175,13 +167,14 @@ def start_load(plan: Plan, run: PlannedRun, run_dir: Path, url: str) -> LoadProc
     spec = plan.run_spec()
     # the key stays out of files: the load generator takes it from the environment
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude={"api_key"}), sort_keys=False))
-    env = {**os.environ, "BATCHSCOPE_API_KEY": spec.api_key} if spec.api_key else None
+    env = {**os.environ, "BATCHSCOPE_API_KEY": spec.api_key.get_secret_value()} if spec.api_key else None
     port = free_port()
     out = run_dir / "load"
     argv = [sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec_path), "--host", url,
             "--out", str(out), "--run-id", f"{plan.name}-{run.name}", "--metrics-port", str(port)]
     with open(run_dir / "load.log", "wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                   preexec_fn=die_with_parent)
     return LoadProcess(process, port, out, time.monotonic())
 
 

@@ -8,6 +8,7 @@ folder per point, <setting>/rate-<rps>/ or <setting>/offline/, holding that run'
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -48,6 +49,8 @@ def run_scenario(plan: Plan, plan_dir: Path, scenario: str, *, what_if: bool, co
 def _measure(plan: Plan, setting: str, params: ServingParams, run_dir: Path, server: Server | None,
              progress: Progress) -> RunResult:
     run = PlannedRun(0, setting, params, 0)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # the same point measured again (a rerun of the scenario): start clean
     result = what_if_run(plan, run, progress) if server is None else run_one(plan, run, run_dir, server, progress)
     write_atomically(run_dir / RUN_FILE, result.model_dump_json(indent=2))
     return result

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import ValidationError
 
+from batchscope.secrets import mask_argv
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
 from loadgen.summary import Distribution
 from simulator.config import Deployment, ServeConfig, validation_message
@@ -42,7 +43,8 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) ->
     spec = plan.run_spec()
     started = now_iso()
     profile, seed = _profile_and_seed(plan)
-    command = ["batchscope", "sim", "serve", params.model, *params.flags(), "--profile", profile, "--seed", str(seed)]
+    command = mask_argv(["batchscope", "sim", "serve", params.model, *params.flags(), "--profile", profile,
+                         "--seed", str(seed)])
     base = dict(plan=plan.name, setting=setting, repeat=repeat, mode="what-if", params=params, conditions=spec,
                 command_line=command, started_at=started)
     try:

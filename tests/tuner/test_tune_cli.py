@@ -45,3 +45,10 @@ def test_a_missing_plan_file_and_a_results_path_that_is_a_file_are_bad_input(tmp
 def test_report_of_a_folder_without_a_plan_is_bad_input(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_report_of_a_plan_without_finished_runs_is_one_line(tmp_path, capsys):
+    (tmp_path / "plan.json").write_text("{}")
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no finished runs" in err
