@@ -19,10 +19,6 @@ def is_secret(name: str) -> bool:
     return any(word in SECRET_WORDS for word in re.split(r"[-_]+", name.lower()))
 
 
-def mask_value(name: str, value: str) -> str:
-    return MASK if value and is_secret(name) else value
-
-
 def mask_mapping(values: Mapping[str, object]) -> dict[str, object]:
     """A copy with every secret field's value masked (nested mappings too)."""
     return {name: mask_mapping(value) if isinstance(value, Mapping)

@@ -115,7 +115,10 @@ def check(args: argparse.Namespace, names: Mapping[str, str]) -> None:
     for flag in URL_FLAGS:
         url = getattr(args, flag[2:].replace("-", "_"))
         if url is not None:
-            parts = urlsplit(url)
+            try:
+                parts = urlsplit(url)
+            except ValueError:  # e.g. an unclosed IPv6 bracket
+                raise BadInput(f"{names[flag]}: not a valid URL") from None
             if parts.scheme not in ("http", "https") or not parts.netloc:
                 raise BadInput(f"{names[flag]}: {shown_url(url)!r} is not an http:// or https:// URL")
     if not (math.isfinite(args.scrape_timeout_s) and args.scrape_timeout_s > 0):

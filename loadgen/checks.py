@@ -50,6 +50,16 @@ def check_port(flag: str, port: int, host: str = "127.0.0.1") -> None:
             raise BadInput(port_error(flag, host, port, exc)) from None
 
 
+def check_host(flag: str, host: str) -> None:
+    """``host`` resolves (an empty host or 0.0.0.0 means every interface)."""
+    if host in ("", "*", "0.0.0.0", "::"):
+        return
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError:
+        raise BadInput(f"{flag}: cannot resolve {host!r}") from None
+
+
 def port_error(flag: str, host: str, port: int, exc: OSError) -> str:
     reason = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror or exc})"
     return f"{flag}: {host}:{port} {reason}"

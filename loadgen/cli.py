@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from loadgen.checks import BadInput, check_out_dir, check_port, check_run_id
+from loadgen.checks import BadInput, check_host, check_out_dir, check_port, check_run_id
 from loadgen.metrics import DEFAULT_METRICS_PORT
 from loadgen.spec import SpecError, load_spec
 
@@ -67,6 +67,9 @@ def check_inputs(args: argparse.Namespace) -> tuple[str, Path]:
         raise BadInput("--workers: must be >= 0")
     check_port("--metrics-port", args.metrics_port)
     if args.workers:
+        if not 1 <= args.master_port <= 65535:  # workers connect to it: 0 cannot mean "off" here
+            raise BadInput(f"--master-port: {args.master_port} is not a port number (1-65535)")
+        check_host("--master-bind-host", args.master_bind_host)
         check_port("--master-port", args.master_port,
                    "" if args.master_bind_host in ANY_ADDRESS else args.master_bind_host)
     run_id = check_run_id(args.run_id) if args.run_id else time.strftime("%Y%m%dT%H%M%S")

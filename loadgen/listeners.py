@@ -41,7 +41,8 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 @events.init_command_line_parser.add_listener
 def add_arguments(parser, **_kwargs) -> None:
     parser.add_argument("--spec", help="workload spec YAML file", env_var="BATCHSCOPE_SPEC")
-    parser.add_argument("--spec-set", action="append", default=[], metavar="KEY=VALUE",
+    # not shown in the web UI: an override may carry the api_key
+    parser.add_argument("--spec-set", action="append", default=[], metavar="KEY=VALUE", include_in_web_ui=False,
                        help="override a spec field, e.g. load.rate=8 (repeatable)")
     parser.add_argument("--run-id", default="", help="run identifier (default: start time)")
     parser.add_argument("--out", default="", help="directory for records.jsonl and summary.json")
@@ -246,9 +247,15 @@ DRAIN_BATCH = 16
 def _end_on_signal(environment: Environment, signum: int) -> None:
     if environment.process_exit_code == EXIT_INTERRUPTED:
         return  # a second Ctrl-C: the first is already ending the run (bounded by FINAL_REPORT_TIMEOUT_S)
+    ctl = control(environment)
+    if ctl is not None and ctl.stopping and ctl.stopped():
+        # the run ended by itself (its web UI kept Locust up): quitting now interrupts nothing
+        environment.runner.quit()
+        if environment.web_ui is not None:
+            environment.web_ui.stop()
+        return
     environment.process_exit_code = EXIT_INTERRUPTED
     log.warning("%s: run interrupted; in-flight requests count as aborted", signal.Signals(signum).name)
-    ctl = control(environment)
     if ctl is not None:
         _finish_stop(ctl)
     environment.runner.quit()

@@ -120,3 +120,8 @@ def _check_ground_truth_log(path: str | None) -> None:
         raise ValueError(f"--ground-truth-log: {path} is a directory, not a file")
     if not file.parent.is_dir():
         raise ValueError(f"--ground-truth-log: folder {file.parent} does not exist")
+    try:
+        with open(file, "a"):  # appended to at every request: it must be writable now
+            pass
+    except OSError as exc:
+        raise ValueError(f"--ground-truth-log: cannot write {path} ({exc.strerror})") from None

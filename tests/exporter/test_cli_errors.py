@@ -23,6 +23,7 @@ CASES = {
     "unresolvable host": (["--host", "no-such-host.invalid"], {}, "--host"),
     "vllm url without a scheme": (["--vllm-url", "127.0.0.1:8000"], {}, "--vllm-url"),
     "vllm url of another scheme": (["--vllm-url", "ftp://127.0.0.1:8000"], {}, "--vllm-url"),
+    "vllm url not parseable": (["--vllm-url", "http://[::1"], {}, "--vllm-url"),
     "loadgen url without a scheme": (["--loadgen-url", "localhost:9646"], {}, "--loadgen-url"),
     "grafana url without a scheme": (["--grafana-url", "grafana:3000"], {}, "--grafana-url"),
     "scrape timeout 0": (["--scrape-timeout-s", "0"], {}, "--scrape-timeout-s"),

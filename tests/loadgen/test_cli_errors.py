@@ -43,6 +43,12 @@ CASES = {
 # `locust -f` spells some flags its own way
 LOCUST_FLAGS = {"--set": "--spec-set"}
 
+# `batchscope load --workers N` only: the master's worker port and address
+WORKER_CASES = {
+    "master port 0": (["--workers", "2", "--master-port", "0"], "--master-port"),
+    "unresolvable master bind host": (["--workers", "2", "--master-bind-host", "nohost.invalid"], "--master-bind-host"),
+}
+
 
 def command(via: str, spec: Path, args: list[str], tmp_path: Path) -> list[str]:
     if via == "batchscope":
@@ -80,3 +86,13 @@ def test_bad_input_gets_one_line_naming_the_field(tmp_path, case, via):
         assert len(errors) == 1, output[-3000:]
     assert all(len(line) <= 200 for line in errors)
     assert field in errors[0]
+
+
+@pytest.mark.parametrize("case", WORKER_CASES)
+def test_bad_worker_flags_get_one_line_naming_the_flag(tmp_path, case):
+    args, flag = WORKER_CASES[case]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(GOOD_SPEC)
+    result = subprocess.run(command("batchscope", spec, args, tmp_path), capture_output=True, text=True, timeout=30)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and flag in lines[0] and "Traceback" not in result.stderr

@@ -52,6 +52,7 @@ CASES = [
     ("ground-truth-log-missing-folder", lambda tmp: ["--ground-truth-log", str(tmp / "no" / "truth.jsonl")],
      "--ground-truth-log"),
     ("ground-truth-log-is-a-folder", lambda tmp: ["--ground-truth-log", str(tmp)], "--ground-truth-log"),
+    ("ground-truth-log-not-writable", lambda tmp: ["--ground-truth-log", "/proc/truth.jsonl"], "--ground-truth-log"),
     ("profile-missing", lambda tmp: ["--profile", str(tmp / "absent.yaml")], "--profile"),
     ("profile-yaml-syntax", profile_file("syntax.yaml", b"name: x\nsizes: [1, 2\n  bad: 3: 4\n"), "--profile"),
     ("profile-is-a-directory", profile_directory, "--profile"),
