@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 import batchscope
+from batchscope.secrets import mask_argv
 from loadgen.spec import WorkloadSpec
 from tuner.plan import TUNABLE, ServingParams, Slos
 from tuner.results import RunResult
@@ -259,8 +260,8 @@ def changed_params(baseline: ServingParams | None, params: ServingParams) -> lis
     changes = [ParamChange(name=name, baseline=getattr(baseline, name), value=getattr(params, name))
                for name in ("model", *TUNABLE) if getattr(baseline, name) != getattr(params, name)]
     if baseline.extra_flags != params.extra_flags:
-        changes.append(ParamChange(name="extra_flags", baseline=" ".join(baseline.extra_flags),
-                                   value=" ".join(params.extra_flags)))
+        changes.append(ParamChange(name="extra_flags", baseline=" ".join(mask_argv(baseline.extra_flags)),
+                                   value=" ".join(mask_argv(params.extra_flags))))
     return changes
 
 

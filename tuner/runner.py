@@ -26,6 +26,7 @@ import requests
 import yaml
 
 from tuner.backends import Server, Started, StartFailed, die_with_parent, free_port, make_server, tail
+from tuner.compare import changed_params
 from tuner.plan import Plan, PlanError, ServingParams
 from tuner.progress import Progress, read_client
 from tuner.results import PLAN_FILE, RUN_FILE, RunResult, now_iso, run_name, save, write_atomically
@@ -69,8 +70,7 @@ def plan_runs(plan: Plan) -> list[PlannedRun]:
 
 def diff(baseline: ServingParams, params: ServingParams) -> list[str]:
     """What a setting changes, as 'field: old → new' (the exporter's change-log wording)."""
-    old, new = baseline.model_dump(), params.model_dump()
-    return [f"{key}: {old[key]} → {new[key]}" for key in new if new[key] != old[key]]
+    return [f"{change.name}: {change.baseline} → {change.value}" for change in changed_params(baseline, params)]
 
 
 # --- the plan loop ------------------------------------------------------------------------------------------
