@@ -178,6 +178,17 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def stop_process(process: subprocess.Popen, grace_s: float, kill_wait_s: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``grace_s``."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=kill_wait_s)
+
+
 class ProcessServer:
     """A server run as a child process that dies with the tuner, output to a file."""
 
@@ -212,15 +223,8 @@ class ProcessServer:
         return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=STOP_GRACE_S)
+        if self.process is not None:
+            stop_process(self.process, STOP_GRACE_S, STOP_GRACE_S)
         self.process = None
 
     def log_tail(self, lines: int = TAIL_LINES) -> list[str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from tuner.backends import Server, Started, StartFailed, die_with_parent, free_port, make_server, tail
+from tuner.backends import Server, Started, StartFailed, die_with_parent, free_port, make_server, stop_process, tail
 from tuner.compare import changed_params
 from tuner.plan import Plan, PlanError, ServingParams
 from tuner.progress import Progress, read_client
@@ -35,6 +35,7 @@ from tuner.signals import MetricsPoint, client_figures, parse_metrics, read_summ
 SAMPLE_INTERVAL_S = 1.0
 MAX_SAMPLES = 24 * 3600  # a day of one-second samples: bounded memory whatever the window
 LOAD_GRACE_S = 120.0  # beyond warm-up + window: Locust's start, the stop and the summary
+LOAD_STOP_GRACE_S = 30.0  # the load generator aborts what is in flight and writes its summary first
 # Recording rules read per run when a Prometheus is given: name -> PromQL over the window ({w} seconds).
 PROMETHEUS_QUERIES = {
     "preemptions_rate_max": "max_over_time(sum(model:vllm_preemptions:rate1m)[{w}s:])",
@@ -140,7 +141,7 @@ def run_one(plan: Plan, run: PlannedRun, run_dir: Path, server: Server, progress
     finally:
         sampler.stop()
         if load is not None:
-            stop_process(load.process)
+            stop_process(load.process, LOAD_STOP_GRACE_S, LOAD_STOP_GRACE_S / 3)
         progress.set_phase("stopping")
         log_tail = server.log_tail()
         server.stop()
@@ -215,16 +216,6 @@ def measured(plan: Plan, base: dict, started: Started, load: LoadProcess, points
                        samples=request_samples(load.out / "records.jsonl", summary), server=signals,
                        prometheus=query_prometheus(plan.prometheus_url, summary.window_start_s, window_end))
     return result, (summary.window_start_s, window_end)
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
 
 
 # --- vLLM's /metrics ----------------------------------------------------------------------------------------
