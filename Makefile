@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: test lint run demo bench
+.PHONY: test check lint run demo bench
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,14 @@ $(BIN)/.installed: pyproject.toml
 test: $(BIN)/.installed
 	scripts/ensure-debian-packages chromium prometheus prometheus-alertmanager
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
+
+# The inner loop: lint, types and the fast tests (no servers, no browsers), in well under a minute.
+check: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -m "not e2e and not slow" -q
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
