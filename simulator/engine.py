@@ -6,8 +6,9 @@ max_num_seqs run, chunked prefill within max_num_batched_tokens, KV blocks alloc
 only, the newest running request preempted when a block is missing) and prices it with the cost model.
 ``complete(step, now)`` applies the step's results at its end: computed tokens, sampled tokens, finishes.
 
-Per-request state lives in numpy arrays indexed by a slot number, so a step over hundreds of decoding
-requests is a handful of vector operations; this is what lets the virtual clock run far faster than real time.
+Per-request state lives in numpy columns indexed by a slot number (``SlotTable``), so a step over hundreds of
+decoding requests is a handful of vector operations; this is what lets the virtual clock run far faster than
+real time.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.cost import StepCostModel
+from simulator.finish import REASON_LENGTH, REASON_NAMES, REASON_STOP
+from simulator.slots import ABORTED, FINISHED, FREE, RUNNING, WAITING, SlotTable
 from simulator.stats import EngineStats
 
-FREE, WAITING, RUNNING, FINISHED, ABORTED = range(5)
-REASON_LENGTH, REASON_STOP = 0, 1
 NEVER = np.iinfo(np.int64).max // 4
 
 
@@ -74,62 +75,50 @@ class EngineCore:
         self._free_slots: list[int] = []
         self._pending_release: list[int] = []
         self._step_in_flight = False
+        self.slots = SlotTable.empty(0)
         self._grow(64)
 
     # ----- request lifecycle -------------------------------------------------------------------------
 
     def _grow(self, capacity: int) -> None:
-        old = getattr(self, "state", np.zeros(0, dtype=np.int8)).size
-        ints = ("prompt_len", "max_tokens", "eos_at", "num_computed", "num_output", "num_blocks", "preemptions")
-        floats = ("arrival", "first_scheduled", "first_token", "last_token")
-        for name in ints:
-            self._extend(name, capacity, np.int64, 0)
-        for name in floats:
-            self._extend(name, capacity, np.float64, np.nan)
-        self._extend("state", capacity, np.int8, FREE)
+        old = self.slots.capacity
+        self.slots.grow(capacity)
         self._free_slots.extend(range(capacity - 1, old - 1, -1))
-
-    def _extend(self, name: str, capacity: int, dtype: type, fill: float) -> None:
-        array = np.full(capacity, fill, dtype=dtype)
-        if hasattr(self, name):
-            old = getattr(self, name)
-            array[: old.size] = old
-        setattr(self, name, array)
 
     def add_request(
         self, now: float, prompt_len: int, max_tokens: int, ignore_eos: bool = True, min_tokens: int = 0
     ) -> int:
         """Queue a request that arrived at ``now``; return its slot. The caller validated the lengths."""
         if not self._free_slots:
-            self._grow(self.state.size * 2)
+            self._grow(self.slots.capacity * 2)
         slot = self._free_slots.pop()
-        self.prompt_len[slot] = prompt_len
-        self.max_tokens[slot] = max_tokens
+        self.slots.prompt_len[slot] = prompt_len
+        self.slots.max_tokens[slot] = max_tokens
         # EOS ends a free-running output early; drawn up front so a seed fixes every output length
         free_running = not ignore_eos and self._eos_probability > 0
-        self.eos_at[slot] = min_tokens + self._rng.geometric(self._eos_probability) if free_running else NEVER
-        self.num_computed[slot] = 0
-        self.num_output[slot] = 0
-        self.num_blocks[slot] = 0
-        self.preemptions[slot] = 0
-        self.arrival[slot] = now
-        self.first_scheduled[slot] = np.nan
-        self.first_token[slot] = np.nan
-        self.last_token[slot] = np.nan
-        self.state[slot] = WAITING
+        self.slots.eos_at[slot] = min_tokens + self._rng.geometric(self._eos_probability) if free_running else NEVER
+        self.slots.num_computed[slot] = 0
+        self.slots.num_output[slot] = 0
+        self.slots.num_blocks[slot] = 0
+        self.slots.preemptions[slot] = 0
+        self.slots.arrival[slot] = now
+        self.slots.first_scheduled[slot] = np.nan
+        self.slots.first_token[slot] = np.nan
+        self.slots.last_token[slot] = np.nan
+        self.slots.state[slot] = WAITING
         self._waiting.append(slot)
         return slot
 
     def abort(self, slot: int) -> None:
         """Drop a waiting or running request (client gone): free its blocks at once."""
-        if self.state[slot] == WAITING:
+        if self.slots.state[slot] == WAITING:
             self._waiting.remove(slot)
-        elif self.state[slot] == RUNNING:
+        elif self.slots.state[slot] == RUNNING:
             self._release_blocks(np.array([slot]))
             self._running = self._running[self._running != slot]
         else:
             return
-        self.state[slot] = ABORTED
+        self.slots.state[slot] = ABORTED
         self.stats.record_aborted(1)
         self._pending_release.append(slot)
         if not self._step_in_flight:
@@ -137,13 +126,13 @@ class EngineCore:
 
     def _release_slots(self) -> None:
         for slot in self._pending_release:
-            self.state[slot] = FREE
+            self.slots.state[slot] = FREE
         self._free_slots.extend(self._pending_release)
         self._pending_release.clear()
 
     def _release_blocks(self, slots: np.ndarray) -> None:
-        self.free_blocks += int(self.num_blocks[slots].sum())
-        self.num_blocks[slots] = 0
+        self.free_blocks += int(self.slots.num_blocks[slots].sum())
+        self.slots.num_blocks[slots] = 0
 
     # ----- scheduling ----------------------------------------------------------------------------------
 
@@ -168,29 +157,29 @@ class EngineCore:
         if not self.has_work():
             return None
         budget = self.limits.max_num_batched_tokens
-        slots: list[np.ndarray] = []
+        parts: list[np.ndarray] = []
         counts: list[np.ndarray] = []
-        budget, preempted = self._schedule_running(budget, slots, counts)
+        budget, preempted = self._schedule_running(budget, parts, counts)
         if not preempted:
-            self._schedule_waiting(now, budget, slots, counts)
-        chosen = np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64)
+            self._schedule_waiting(now, budget, parts, counts)
+        chosen = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         new_tokens = np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
-        duration = self._cost.step_seconds(new_tokens, self.num_computed[chosen]) if chosen.size else 0.0
+        duration = self._cost.step_seconds(new_tokens, self.slots.num_computed[chosen]) if chosen.size else 0.0
         self._step_in_flight = True
         return Step(now, now + duration, chosen, new_tokens, preempted)
 
     def _blocks_needed(self, slots: np.ndarray, new_tokens: np.ndarray) -> np.ndarray:
         size = self.limits.block_size
-        total = (self.num_computed[slots] + new_tokens + size - 1) // size
-        return np.maximum(total - self.num_blocks[slots], 0)
+        total = (self.slots.num_computed[slots] + new_tokens + size - 1) // size
+        return np.maximum(total - self.slots.num_blocks[slots], 0)
 
-    def _schedule_running(self, budget: int, slots: list, counts: list) -> tuple[int, int]:
+    def _schedule_running(self, budget: int, parts: list[np.ndarray], counts: list[np.ndarray]) -> tuple[int, int]:
         """Phase 1: every running request in order gets its remaining tokens, within the budget."""
         preempted = 0
         start = 0
         while start < self._running.size and budget > 0:
             segment = self._running[start:]
-            need = self.prompt_len[segment] + self.num_output[segment] - self.num_computed[segment]
+            need = self.slots.prompt_len[segment] + self.slots.num_output[segment] - self.slots.num_computed[segment]
             before = np.cumsum(need) - need
             granted = np.minimum(need, np.maximum(budget - before, 0))
             served = int(np.count_nonzero(granted))  # a prefix: once the budget is gone the rest get 0
@@ -198,7 +187,7 @@ class EngineCore:
             blocks = self._blocks_needed(segment, granted)
             fits = np.cumsum(blocks) <= self.free_blocks
             ok = served if fits.all() else int(np.argmin(fits))
-            self._allocate(segment[:ok], granted[:ok], blocks[:ok], slots, counts)
+            self._allocate(segment[:ok], granted[:ok], blocks[:ok], parts, counts)
             budget -= int(granted[:ok].sum())
             if ok == served:
                 break
@@ -210,49 +199,50 @@ class EngineCore:
                 preempted += 1
                 if victim == blocked:
                     return budget, preempted
-            self._allocate(segment[ok : ok + 1], granted[ok : ok + 1], blocks[ok : ok + 1], slots, counts)
+            self._allocate(segment[ok : ok + 1], granted[ok : ok + 1], blocks[ok : ok + 1], parts, counts)
             budget -= int(granted[ok])
             start += ok + 1
         return budget, preempted
 
-    def _allocate(self, chosen: np.ndarray, granted: np.ndarray, blocks: np.ndarray, slots: list, counts: list):
+    def _allocate(self, chosen: np.ndarray, granted: np.ndarray, blocks: np.ndarray, parts: list[np.ndarray],
+                  counts: list[np.ndarray]) -> None:
         if chosen.size == 0:
             return
-        self.num_blocks[chosen] += blocks
+        self.slots.num_blocks[chosen] += blocks
         self.free_blocks -= int(blocks.sum())
-        slots.append(chosen)
+        parts.append(chosen)
         counts.append(granted)
 
     def _preempt(self, slot: int) -> None:
         """Recompute-style preemption: free everything, forget computed tokens, go to the queue's front."""
         self._running = self._running[:-1]
         self._release_blocks(np.array([slot]))
-        self.num_computed[slot] = 0
-        self.preemptions[slot] += 1
+        self.slots.num_computed[slot] = 0
+        self.slots.preemptions[slot] += 1
         self.stats.num_preemptions += 1
-        self.state[slot] = WAITING
+        self.slots.state[slot] = WAITING
         self._waiting.appendleft(slot)
 
-    def _schedule_waiting(self, now: float, budget: int, slots: list, counts: list) -> None:
+    def _schedule_waiting(self, now: float, budget: int, parts: list[np.ndarray], counts: list[np.ndarray]) -> None:
         """Phase 2: admit waiting requests FCFS while budget, max_num_seqs and KV blocks allow."""
         admitted: list[int] = []
         size = self.limits.block_size
         room = self.limits.max_num_seqs - self._running.size
         while self._waiting and budget > 0 and len(admitted) < room:
             slot = self._waiting[0]
-            granted = min(int(self.prompt_len[slot] + self.num_output[slot]), budget)
+            granted = min(int(self.slots.prompt_len[slot] + self.slots.num_output[slot]), budget)
             blocks = -(-granted // size)
             if blocks > self.free_blocks:
                 break  # head-of-line: waiting requests never preempt
             self._waiting.popleft()
-            self.num_blocks[slot] = blocks
+            self.slots.num_blocks[slot] = blocks
             self.free_blocks -= blocks
-            self.state[slot] = RUNNING
-            if np.isnan(self.first_scheduled[slot]):
-                self.first_scheduled[slot] = now
+            self.slots.state[slot] = RUNNING
+            if np.isnan(self.slots.first_scheduled[slot]):
+                self.slots.first_scheduled[slot] = now
             admitted.append(slot)
             budget -= granted
-            slots.append(np.array([slot]))
+            parts.append(np.array([slot]))
             counts.append(np.array([granted]))
         if admitted:
             self._running = np.concatenate([self._running, np.array(admitted, dtype=np.int64)])
@@ -262,16 +252,16 @@ class EngineCore:
     def complete(self, step: Step, now: float) -> StepOutput:
         """Apply a step's results at ``now`` (its end, or later in real time): tokens, finishes, stats."""
         self._step_in_flight = False
-        alive = self.state[step.slots] == RUNNING  # skip requests aborted during the step
+        alive = self.slots.state[step.slots] == RUNNING  # skip requests aborted during the step
         slots, new_tokens = step.slots[alive], step.new_tokens[alive]
-        self.num_computed[slots] += new_tokens
-        sampled = slots[self.num_computed[slots] == self.prompt_len[slots] + self.num_output[slots]]
-        first = self.num_output[sampled] == 0
-        self.num_output[sampled] += 1
+        self.slots.num_computed[slots] += new_tokens
+        sampled = slots[self.slots.num_computed[slots] == self.slots.prompt_len[slots] + self.slots.num_output[slots]]
+        first = self.slots.num_output[sampled] == 0
+        self.slots.num_output[sampled] += 1
         self._record_tokens(sampled, first, now)
-        output_len = self.num_output[sampled]
-        by_length = output_len >= self.max_tokens[sampled]
-        by_stop = ~by_length & (output_len >= self.eos_at[sampled])
+        output_len = self.slots.num_output[sampled]
+        by_length = output_len >= self.slots.max_tokens[sampled]
+        by_stop = ~by_length & (output_len >= self.slots.eos_at[sampled])
         done = by_length | by_stop
         finished = sampled[done]
         reasons = np.where(by_length[done], REASON_LENGTH, REASON_STOP)
@@ -283,29 +273,29 @@ class EngineCore:
 
     def _record_tokens(self, sampled: np.ndarray, first: np.ndarray, now: float) -> None:
         firsts, decodes = sampled[first], sampled[~first]
-        self.first_token[firsts] = now
+        self.slots.first_token[firsts] = now
         self.stats.record_tokens(
-            ttft=now - self.arrival[firsts],
-            itl=now - self.last_token[decodes],
-            prompt_tokens_of_first=int(self.prompt_len[firsts].sum()),
+            ttft=now - self.slots.arrival[firsts],
+            itl=now - self.slots.last_token[decodes],
+            prompt_tokens_of_first=int(self.slots.prompt_len[firsts].sum()),
         )
-        self.last_token[sampled] = now
+        self.slots.last_token[sampled] = now
 
     def _finish(self, finished: np.ndarray, reasons: np.ndarray, now: float) -> None:
         self._release_blocks(finished)
-        self.state[finished] = FINISHED
-        self._running = self._running[self.state[self._running] == RUNNING]
-        for code, name in ((REASON_LENGTH, "length"), (REASON_STOP, "stop")):
+        self.slots.state[finished] = FINISHED
+        self._running = self._running[self.slots.state[self._running] == RUNNING]
+        for code, name in enumerate(REASON_NAMES):
             group = finished[reasons == code]
             self.stats.record_finished(
                 name,
-                arrival=self.arrival[group],
-                scheduled=self.first_scheduled[group],
-                first_token=self.first_token[group],
-                last_token=self.last_token[group],
+                arrival=self.slots.arrival[group],
+                scheduled=self.slots.first_scheduled[group],
+                first_token=self.slots.first_token[group],
+                last_token=self.slots.last_token[group],
                 now=now,
-                prompt_tokens=self.prompt_len[group],
-                generation_tokens=self.num_output[group],
-                max_tokens=self.max_tokens[group],
+                prompt_tokens=self.slots.prompt_len[group],
+                generation_tokens=self.slots.num_output[group],
+                max_tokens=self.slots.max_tokens[group],
             )
         self._pending_release.extend(int(s) for s in finished)

@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from simulator.engine import EngineCore
-from simulator.stats import FINISH_REASONS
+from simulator.finish import FINISH_REASONS
 
 LABELS = ["model_name", "engine"]
 

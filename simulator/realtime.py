@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from simulator.engine import REASON_LENGTH, REASON_STOP, EngineCore
+from simulator.engine import EngineCore, StepOutput
+from simulator.finish import REASON_NAMES
 
 RESYNC_S = 0.05
 DELIVERY_SLICE = 32
-REASON_NAMES = {REASON_LENGTH: "length", REASON_STOP: "stop"}
 
 
 class RequestStream:
@@ -116,7 +116,7 @@ class RealtimeEngine:
             self.steps += 1
             pace = target_end
 
-    async def _deliver(self, output) -> None:
+    async def _deliver(self, output: StepOutput) -> None:
         """Hand each stream its new tokens, yielding to the event loop every few streams.
 
         The streams are looked up before the first yield: a slot released by this step may be given to a new

@@ -19,8 +19,7 @@ from batchscope.vllm_buckets import (
     TTFT_BUCKETS,
     build_1_2_5_buckets,
 )
-
-FINISH_REASONS = ("stop", "length", "abort")
+from simulator.finish import ABORT, FINISH_REASONS
 
 
 class EngineStats:
@@ -86,4 +85,4 @@ class EngineStats:
 
     def record_aborted(self, count: int) -> None:
         """Aborted requests are counted by reason only; their partial timings are not observed."""
-        self.request_success["abort"] += count
+        self.request_success[ABORT] += count

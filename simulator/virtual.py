@@ -16,7 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
-from simulator.engine import REASON_LENGTH, EngineCore, Step
+from simulator.engine import EngineCore, Step
+from simulator.finish import REASON_NAMES
 
 
 @dataclass(frozen=True)
@@ -106,16 +107,17 @@ def run_virtual(engine: EngineCore, workload: Sequence[RequestSpec], max_steps: 
 
 def _record(engine: EngineCore, slot: int, index: int, reason: int) -> RequestRecord:
     # read right after complete(): the slot is released but not reused before the next add_request
+    slots = engine.slots
     return RequestRecord(
         index=index,
-        arrival=float(engine.arrival[slot]),
-        first_scheduled=float(engine.first_scheduled[slot]),
-        first_token=float(engine.first_token[slot]),
-        finished=float(engine.last_token[slot]),
-        prompt_tokens=int(engine.prompt_len[slot]),
-        output_tokens=int(engine.num_output[slot]),
-        finish_reason="length" if reason == REASON_LENGTH else "stop",
-        preemptions=int(engine.preemptions[slot]),
+        arrival=float(slots.arrival[slot]),
+        first_scheduled=float(slots.first_scheduled[slot]),
+        first_token=float(slots.first_token[slot]),
+        finished=float(slots.last_token[slot]),
+        prompt_tokens=int(slots.prompt_len[slot]),
+        output_tokens=int(slots.num_output[slot]),
+        finish_reason=REASON_NAMES[reason],
+        preemptions=int(slots.preemptions[slot]),
     )
 
 
@@ -205,7 +207,7 @@ def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf,
     slot_to_index: dict[int, int] = {}
     gap_index: list[np.ndarray] = []
     gap_value: list[np.ndarray] = []
-    index_of = np.full(engine.state.size, -1, dtype=np.int64)  # slot -> request index, for vectorised lookups
+    index_of = np.full(engine.slots.capacity, -1, dtype=np.int64)  # slot -> request index, for vectorised lookups
     now = waiting_area = running_area = 0.0
     while result.steps < max_steps:
         while source.next_time() <= now:
@@ -217,7 +219,7 @@ def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf,
                                       spec.min_tokens)
             slot_to_index[slot] = result.issued + result.refused
             if slot >= index_of.size:
-                index_of = np.concatenate((index_of, np.full(max(slot + 1, engine.state.size) - index_of.size, -1)))
+                index_of = np.concatenate((index_of, np.full(max(slot + 1, engine.slots.capacity) - index_of.size, -1)))
             index_of[slot] = slot_to_index[slot]
             result.issued += 1
         step = engine.schedule(now)
@@ -237,7 +239,7 @@ def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf,
         waiting_area += engine.num_waiting * (step.end - step.start)
         running_area += engine.num_running * (step.end - step.start)
         result.max_kv_cache_usage = max(result.max_kv_cache_usage, engine.kv_cache_usage)
-        last_token = engine.last_token.copy()  # complete() overwrites it; the gap is measured from it
+        last_token = engine.slots.last_token.copy()  # complete() overwrites it; the gap is measured from it
         output = engine.complete(step, step.end)
         result.steps += 1
         now = step.end

@@ -149,7 +149,7 @@ def test_single_request_decode_itl_matches_calibration_fit(prompt_len: int) -> N
         step = engine.schedule(now)
         if step is None:
             break
-        context = int(engine.num_computed[step.slots].sum())
+        context = int(engine.slots.num_computed[step.slots].sum())
         output = engine.complete(step, step.end)
         if output.token_slots.size and output.token_index[0] > 1:
             assert step.new_tokens.tolist() == [1]

@@ -19,17 +19,10 @@ from hypothesis import HealthCheck, event, given, seed, settings, target
 from hypothesis import strategies as st
 
 from simulator.cost import StepCostModel
-from simulator.engine import (
-    ABORTED,
-    FREE,
-    REASON_LENGTH,
-    REASON_STOP,
-    RUNNING,
-    WAITING,
-    EngineCore,
-    SchedulerLimits,
-)
+from simulator.engine import EngineCore, SchedulerLimits
+from simulator.finish import REASON_LENGTH, REASON_STOP
 from simulator.profile import load_profile
+from simulator.slots import ABORTED, FREE, RUNNING, WAITING
 from simulator.virtual import RequestSpec
 
 TINY_COST = StepCostModel(load_profile("tiny"))
@@ -88,10 +81,10 @@ def check_blocks(engine: EngineCore) -> None:
     in_use = engine.usable_blocks - engine.free_blocks
     assert engine.free_blocks >= 0
     assert 0 <= in_use <= engine.usable_blocks
-    running = engine.state == RUNNING
-    assert in_use == int(engine.num_blocks[running].sum())
+    running = engine.slots.state == RUNNING
+    assert in_use == int(engine.slots.num_blocks[running].sum())
     # only running requests hold blocks
-    assert int(engine.num_blocks[~running].sum()) == 0
+    assert int(engine.slots.num_blocks[~running].sum()) == 0
     assert engine.num_running == int(running.sum())
     assert engine.num_running <= engine.limits.max_num_seqs
     assert 0.0 <= engine.kv_cache_usage <= 1.0
@@ -122,13 +115,13 @@ def drive(
                 continue
             i = live.pop(slot)
             fate = fates[i]
-            was = int(engine.state[slot])
+            was = int(engine.slots.state[slot])
             assert was in (WAITING, RUNNING)
-            fate.preemptions = int(engine.preemptions[slot])
+            fate.preemptions = int(engine.slots.preemptions[slot])
             engine.abort(slot)
             # an aborted request's slot is only recycled once no step that may name it is in flight
-            assert engine.state[slot] == (ABORTED if in_flight else FREE)
-            assert engine.num_blocks[slot] == 0
+            assert engine.slots.state[slot] == (ABORTED if in_flight else FREE)
+            assert engine.slots.num_blocks[slot] == 0
             assert (slot in queue) == (was == WAITING)
             if was == WAITING:
                 queue.remove(slot)
@@ -144,7 +137,7 @@ def drive(
             r = reqs[i]
             slot = engine.add_request(r.arrival, r.prompt_len, r.max_tokens, r.ignore_eos, r.min_tokens)
             assert slot not in live
-            assert engine.state[slot] == WAITING
+            assert engine.slots.state[slot] == WAITING
             live[slot] = i
             fates[i].slot = slot
             fates[i].status = "live"
@@ -152,10 +145,10 @@ def drive(
             nxt += 1
         abort_some(in_flight=False)
 
-        state_before = engine.state.copy()
-        computed_before = engine.num_computed.copy()
-        output_before = engine.num_output.copy()
-        preempt_before = engine.preemptions.copy()
+        state_before = engine.slots.state.copy()
+        computed_before = engine.slots.num_computed.copy()
+        output_before = engine.slots.num_output.copy()
+        preempt_before = engine.slots.preemptions.copy()
         running_before = sorted((s for s in live if state_before[s] == RUNNING), key=admitted_seq.__getitem__)
 
         step = engine.schedule(now)
@@ -174,28 +167,28 @@ def drive(
         assert step.start == now and step.end > step.start
         assert (step.new_tokens > 0).all()
         assert int(step.new_tokens.sum()) <= lim.max_num_batched_tokens
-        assert (engine.state[step.slots] == RUNNING).all()
+        assert (engine.slots.state[step.slots] == RUNNING).all()
         trace.tokens_scheduled += int(step.new_tokens.sum())
         for s, n in tokens.items():
             # never more than the request still needs; blocks cover exactly what will be computed
-            need = int(engine.prompt_len[s] + engine.num_output[s] - engine.num_computed[s])
+            need = int(engine.slots.prompt_len[s] + engine.slots.num_output[s] - engine.slots.num_computed[s])
             assert 1 <= n <= need
-            assert engine.num_blocks[s] == ceil_div(int(engine.num_computed[s]) + n, bs)
+            assert engine.slots.num_blocks[s] == ceil_div(int(engine.slots.num_computed[s]) + n, bs)
         check_blocks(engine)
         trace.max_running = max(trace.max_running, engine.num_running)
 
         # ----- preemptions: newest running requests, recompute style, to the front of the queue -----
         victims = []
         for s in live:
-            grew = int(engine.preemptions[s] - preempt_before[s])
+            grew = int(engine.slots.preemptions[s] - preempt_before[s])
             if s not in running_before:
                 assert grew == 0, "only running requests are preempted"
                 continue
             if grew:
                 assert grew == 1
-                assert engine.state[s] == WAITING
-                assert engine.num_computed[s] == 0 and engine.num_blocks[s] == 0
-                assert engine.num_output[s] == output_before[s], "preemption keeps the generated tokens"
+                assert engine.slots.state[s] == WAITING
+                assert engine.slots.num_computed[s] == 0 and engine.slots.num_blocks[s] == 0
+                assert engine.slots.num_output[s] == output_before[s], "preemption keeps the generated tokens"
                 assert s not in tokens
                 fates[live[s]].lost += int(computed_before[s])
                 victims.append(s)
@@ -214,7 +207,7 @@ def drive(
         served = [s for s in survivors if s in tokens]
         assert served == survivors[: len(served)], "running requests are served in order"
         for k, s in enumerate(served):
-            need = int(engine.prompt_len[s] + engine.num_output[s] - engine.num_computed[s])
+            need = int(engine.slots.prompt_len[s] + engine.slots.num_output[s] - engine.slots.num_computed[s])
             if tokens[s] < need:
                 assert k == len(served) - 1 and budget == tokens[s], "only the budget cuts a running request"
             budget -= tokens[s]
@@ -233,31 +226,31 @@ def drive(
             admitted_seq[s] = seq
             seq += 1
             assert computed_before[s] == 0
-            want = min(int(engine.prompt_len[s] + engine.num_output[s]), budget)
+            want = min(int(engine.slots.prompt_len[s] + engine.slots.num_output[s]), budget)
             assert tokens[s] == want
             budget -= want
             fate = fates[live[s]]
             if np.isnan(fate.first_scheduled):
                 fate.first_scheduled = now
-            assert engine.first_scheduled[s] == fate.first_scheduled
+            assert engine.slots.first_scheduled[s] == fate.first_scheduled
         assert engine.num_waiting == len(queue)
         if queue and not victims:
             head = queue[0]
-            blocks = ceil_div(min(int(engine.prompt_len[head] + engine.num_output[head]), budget), bs)
+            blocks = ceil_div(min(int(engine.slots.prompt_len[head] + engine.slots.num_output[head]), budget), bs)
             assert budget == 0 or engine.num_running == lim.max_num_seqs or blocks > engine.free_blocks, (
                 "a waiting request was left out although budget, a seat and blocks were available"
             )
 
         # ----- the step runs; some clients may go away meanwhile -----
         abort_some(in_flight=True)
-        alive = engine.state[step.slots] == RUNNING
+        alive = engine.slots.state[step.slots] == RUNNING
         for s, n in zip(step.slots[alive].tolist(), step.new_tokens[alive].tolist(), strict=True):
             fates[live[s]].computed += n
             trace.tokens_computed += n
         expected_sampled = {
             s
             for s in step.slots[alive].tolist()
-            if engine.num_computed[s] + tokens[s] == engine.prompt_len[s] + engine.num_output[s]
+            if engine.slots.num_computed[s] + tokens[s] == engine.slots.prompt_len[s] + engine.slots.num_output[s]
         }
         out = engine.complete(step, step.end)
         now = step.end
@@ -272,7 +265,7 @@ def drive(
             fate = fates[live[s]]
             fate.outputs += 1
             assert index == fate.outputs
-            assert engine.num_computed[s] == engine.prompt_len[s] + fate.outputs - 1
+            assert engine.slots.num_computed[s] == engine.slots.prompt_len[s] + fate.outputs - 1
             if fate.outputs == 1:
                 trace.first_tokens += 1
                 step_prompt_of_first += reqs[live[s]].prompt_len
@@ -292,22 +285,22 @@ def drive(
                 assert fate.outputs < r.max_tokens
                 continue
             reason = finished[s]
-            assert engine.state[s] == FREE, "a finished request's slot is released at once"
+            assert engine.slots.state[s] == FREE, "a finished request's slot is released at once"
             fate.status = "finished"
             fate.reason = reason
             fate.finished_at = now
-            fate.preemptions = int(engine.preemptions[s])
+            fate.preemptions = int(engine.slots.preemptions[s])
             trace.finish_counts[reason] += 1
             del live[s]
             del admitted_seq[s]
         for s in step.slots[~alive].tolist():
-            assert engine.state[s] == FREE, "a slot aborted mid-step is released when the step completes"
+            assert engine.slots.state[s] == FREE, "a slot aborted mid-step is released when the step completes"
         check_blocks(engine)
         for s in live:
-            if engine.state[s] == RUNNING:
-                assert engine.num_blocks[s] == ceil_div(int(engine.num_computed[s]), bs)
+            if engine.slots.state[s] == RUNNING:
+                assert engine.slots.num_blocks[s] == ceil_div(int(engine.slots.num_computed[s]), bs)
             else:
-                assert engine.state[s] == WAITING and engine.num_blocks[s] == 0
+                assert engine.slots.state[s] == WAITING and engine.slots.num_blocks[s] == 0
     raise AssertionError(f"the engine did not finish within {max_steps} steps")
 
 
@@ -491,12 +484,12 @@ def test_abort_in_flight_frees_blocks_at_once_and_drops_the_step_tokens() -> Non
     assert step.slots.tolist() == [a] and step.new_tokens.tolist() == [64]  # chunked prefill
     engine.abort(a)
     assert engine.free_blocks == engine.usable_blocks
-    assert engine.state[a] == ABORTED  # not recycled while the step that names it is in flight
+    assert engine.slots.state[a] == ABORTED  # not recycled while the step that names it is in flight
     c = engine.add_request(0.0, 5, 5)
     assert c not in (a, b)
     out = engine.complete(step, step.end)
-    assert out.token_slots.size == 0 and engine.num_computed[a] == 0
-    assert engine.state[a] == FREE
+    assert out.token_slots.size == 0 and engine.slots.num_computed[a] == 0
+    assert engine.slots.state[a] == FREE
     assert engine.stats.request_success["abort"] == 1
     assert engine.stats.generation_tokens == 0
     step = engine.schedule(step.end)
