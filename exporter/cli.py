@@ -197,8 +197,13 @@ def run_exporter(args: argparse.Namespace) -> int:
              server.server_address[1], shown_url(args.vllm_url), shown_url(args.loadgen_url or "-"))
     stop = threading.Event()
     received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: (received.append(signum), stop.set()))
+        signal.signal(sig, on_signal)
     stop.wait()
     server.shutdown()
     return EXIT_INTERRUPTED if received[0] == signal.SIGINT else 0

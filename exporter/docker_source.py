@@ -11,8 +11,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from exporter.config import ServingConfig, parse_command
+
+if TYPE_CHECKING:  # the SDK is imported by the client factory, only when a container is asked for
+    from docker import DockerClient
+    from docker.models.containers import Container
 
 log = logging.getLogger("batchscope.exporter")
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
@@ -33,13 +38,13 @@ class ContainerView:
 class DockerSource:
     """Reads one container through a docker SDK client (built lazily: no daemon, no client, no error)."""
 
-    def __init__(self, client_factory: Callable[[], object], container: str | None = None,
+    def __init__(self, client_factory: Callable[[], DockerClient], container: str | None = None,
                  service: str = "vllm") -> None:
         self._client_factory = client_factory
-        self._client = None
+        self._client: DockerClient | None = None
         self._container = container
         self._service = service
-        self._log_cache: dict[tuple[str, str], tuple[int | None, float | None]] = {}
+        self._log_cache: dict[tuple[str | None, str], tuple[int | None, float | None]] = {}
 
     def read(self) -> ContainerView | None:
         """The container's view, or None when there is no daemon or no such container (logged, not raised)."""
@@ -58,7 +63,7 @@ class DockerSource:
             self._client = None
             return None
 
-    def _find(self):
+    def _find(self) -> Container | None:
         if self._client is None:
             self._client = self._client_factory()
         containers = self._client.containers
@@ -67,7 +72,7 @@ class DockerSource:
         found = containers.list(filters={"label": f"com.docker.compose.service={self._service}"})
         return found[0] if found else None
 
-    def _capacity(self, container, started: str) -> tuple[int | None, float | None]:
+    def _capacity(self, container: Container, started: str) -> tuple[int | None, float | None]:
         key = (container.id, started)
         if key not in self._log_cache:
             text = container.logs(stdout=True, stderr=True, tail=LOG_TAIL_LINES).decode("utf-8", "replace")

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import requests
 
@@ -29,6 +29,9 @@ from exporter.docker_source import parse_capacity
 from tuner.plan import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
 from tuner.results import write_atomically
 from tuner.signals import kv_capacity_from_metrics
+
+if TYPE_CHECKING:  # the SDK is imported when a docker backend starts, not by every tuner command
+    from docker import APIClient, DockerClient
 
 SIMULATOR_STARTUP_S = 60.0
 STOP_GRACE_S = 15.0
@@ -261,13 +264,13 @@ class DockerServer:
     """Stop and remove the named container, create it again with the setting's flags, start it."""
 
     def __init__(self, backend: DockerBackend, command_file: Path | None = None,
-                 client_factory: Callable[[], object] | None = None) -> None:
+                 client_factory: Callable[[], DockerClient] | None = None) -> None:
         self.backend = backend
         self.command_file = command_file
         self.client_factory = client_factory or _docker_from_env
         self.container_id: str | None = None
         self.log_path: Path | None = None
-        self._api = None
+        self._api: APIClient | None = None
 
     def start(self, params: ServingParams, log_path: Path) -> Started:
         import docker
@@ -295,12 +298,14 @@ class DockerServer:
         return Started(url, command_line, kv_capacity(self._logs(), url))
 
     def _exit_reason(self) -> str | None:
+        if self._api is None or self.container_id is None:
+            return "the container was not created"
         state = self._api.inspect_container(self.container_id)["State"]
         if state.get("Status") in ("exited", "dead"):
             return f"container exited with status {state.get('ExitCode')}"
         return None
 
-    def _logs(self, lines: int | str = "all") -> str:
+    def _logs(self, lines: int | Literal["all"] = "all") -> str:
         if self._api is None or self.container_id is None:
             return ""
         return self._api.logs(self.container_id, tail=lines).decode(errors="replace")
@@ -314,7 +319,7 @@ class DockerServer:
         return self.container_id is not None and self._exit_reason() is None
 
     def stop(self) -> None:
-        if self.container_id is not None:
+        if self._api is not None and self.container_id is not None:
             self._save_log()
             self._api.stop(self.container_id)
             self.container_id = None
@@ -323,7 +328,7 @@ class DockerServer:
         return tail(self._logs(lines), lines)
 
 
-def _docker_from_env():
+def _docker_from_env() -> DockerClient:
     import docker
 
     return docker.from_env()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -33,7 +33,7 @@ from loadgen.spec import WorkloadSpec
 from tuner.plan import TUNABLE, ServingParams, Slos
 from tuner.results import RunResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 BASELINE = "baseline"
 RESAMPLES = 2000
 CONFIDENCE = 0.95

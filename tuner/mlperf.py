@@ -18,6 +18,7 @@ Offline: every request released at t=0, no latency bound; throughput = completed
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from pydantic import BaseModel, Field
 
@@ -26,7 +27,7 @@ from loadgen.spec import OfflineLoad, PoissonLoad
 from tuner.plan import Plan, Slos
 from tuner.results import RunResult, now_iso
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 POINT_RULE = ("bounds on the p99 TTFT and p99 TPOT of the requests completed in each run's window; a run with "
               "no completed request, or a failed one, violates")
 
@@ -66,6 +67,7 @@ def next_rate(state: SearchState, last_point: ServerPoint | None) -> float | Non
         return None
     low, high = state.low_rps, state.high_rps
     if high is None:
+        assert low is not None  # the point just folded in set one end of the bracket
         return 2 * low  # every rate so far met: double
     if low is None:
         return high / 2  # even the start violated: halve

@@ -9,15 +9,20 @@ field (PlanError).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from batchscope.secrets import mask_argv
+from batchscope.validation import TAGGED_UNION_ERRORS, first_error
 from loadgen.spec import WorkloadSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
+# A plan's and a variation's name: it names folders (results/<plan>/<setting>-r<n>/) and the load run's --run-id
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+BACKEND_KINDS = ("simulator", "command", "docker")
+LOAD_MODES = ("concurrency", "poisson", "offline")
 # The serving parameters a variation may change: the seed's three knobs and the two lengths they depend on.
 TUNABLE = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "max_model_len", "block_size")
 
@@ -98,7 +103,7 @@ class Variation(BaseModel):
     """One setting to compare with the baseline: the parameters it changes."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+    name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN,
                       description="Run name (a folder under results/<plan>/).")
     set: dict[str, int | float] = Field(description="Parameters changed from the baseline, e.g. {max_num_seqs: 32}.")
     combination: bool = Field(False, description="Allow more than one changed parameter (not one-knob).")
@@ -134,7 +139,7 @@ class Plan(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Plan format version.")
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+    name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN,
                       description="Plan name (results/<name>/).")
     workload: WorkloadSpec = Field(description="The locked conditions: a load generator spec (inline, or a "
                                                "path to one relative to the plan file).")
@@ -200,13 +205,9 @@ def _read_mapping(path: Path, what: str) -> dict:
 
 def one_line(exc: ValidationError, prefix: str = "") -> str:
     """The first validation error as 'plan: field.path: message'."""
-    error = exc.errors()[0]
-    # drop pydantic's union-member names (e.g. "simulator", "function-after[...]") from the location
-    location = [str(part) for part in error["loc"] if not str(part).startswith(("function-", "tagged-union"))
-                and part not in ("simulator", "command", "docker", "concurrency", "poisson", "offline")]
-    field = ".".join(filter(None, [prefix, *location])) or "plan"
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
-        message = f"kind must be one of: {', '.join(error['ctx'].get('expected_tags', '').split(', '))}" \
-            if "backend" in location else "mode must be one of: concurrency, poisson, offline"
-    return f"plan: {field}: {message}"
+    # pydantic names the union member (a backend kind, a load mode) in the location: not what the user wrote
+    field, message, kind = first_error(exc, drop=(*BACKEND_KINDS, *LOAD_MODES))
+    if kind in TAGGED_UNION_ERRORS:
+        message = f"kind must be one of: {exc.errors()[0].get('ctx', {}).get('expected_tags', '')}" \
+            if "backend" in field.split(".") else f"mode must be one of: {', '.join(LOAD_MODES)}"
+    return f"plan: {'.'.join(filter(None, [prefix, field])) or 'plan'}: {message}"

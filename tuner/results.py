@@ -12,7 +12,7 @@ import os
 import platform
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, Field
 
@@ -21,7 +21,7 @@ from loadgen.spec import WorkloadSpec
 from loadgen.summary import Distribution
 from tuner.plan import ServingParams
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 RUN_FILE = "run.json"
 PLAN_FILE = "plan.json"  # the plan, beside its runs: the report reads it
 

@@ -206,8 +206,8 @@ def measured(plan: Plan, base: dict, started: Started, load: LoadProcess, points
     common = {**base, "command_line": started.command_line, "finished_at": now_iso()}
     if summary is None:
         last = (tail((run_dir / "load.log").read_text(errors="replace"), 1) or ["no output"])[-1]
-        failure = f"load generator exited with status {code} and wrote no summary: {last}"
-        return RunResult(**common, status="failed", failure=failure), None
+        return RunResult(**common, status="failed",
+                         failure=f"load generator exited with status {code} and wrote no summary: {last}"), None
     window_end = summary.window_start_s + summary.effective_duration_s
     failure = summary.failure or (f"load generator exited with status {code}" if code else None)
     signals = server_signals(points, summary.window_start_s, window_end, started.kv_capacity_tokens) \

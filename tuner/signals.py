@@ -114,7 +114,9 @@ def request_samples(records_path: Path, summary: Summary) -> RequestSamples:
             continue
         fields = json.loads(line)
         record = RequestRecord(**{k: v for k, v in fields.items() if k in RequestRecord.__dataclass_fields__})
-        if record.outcome != "ok" or not in_window(record, start, end):
+        # an ok record always carries its TTFT and E2E; the checks tell the type checker so
+        if record.outcome != "ok" or not in_window(record, start, end) or record.ttft_s is None \
+                or record.e2e_s is None:
             continue
         samples.ttft_s.append(record.ttft_s)
         samples.e2e_s.append(record.e2e_s)

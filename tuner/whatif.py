@@ -139,11 +139,10 @@ class WindowStats:
     def close(self, engine: EngineCore, end: float) -> None:
         self.end = end
         self.after = snapshot(engine.stats)
-        if self.before is None:
-            self.before = self.after
 
     def signals(self, kv_capacity_tokens: int) -> ServerSignals:
-        delta = {name: self.after[name] - self.before[name] for name in self.after}
+        before = self.after if self.before is None else self.before  # no step delivered in the window: no change
+        delta = {name: self.after[name] - before[name] for name in self.after}
 
         def mean(name: str) -> float | None:
             count = delta[f"{name}_count"]
@@ -160,7 +159,7 @@ class WindowStats:
 
 def snapshot(stats: EngineStats) -> dict[str, float]:
     """The counters and histogram sums/counts the window's signals are deltas of."""
-    values = {"preemptions": stats.num_preemptions, "prompt_tokens": stats.prompt_tokens,
+    values: dict[str, float] = {"preemptions": stats.num_preemptions, "prompt_tokens": stats.prompt_tokens,
               "generation_tokens": stats.generation_tokens,
               "finished": sum(n for reason, n in stats.request_success.items() if reason != "abort")}
     for name, histogram in (("queue", stats.request_queue_time), ("prefill", stats.request_prefill_time),
