@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import logging
-import os
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 
 from pydantic import ValidationError
 
+from batchscope import exits
+from batchscope.listen import listen
 from batchscope.secrets import mask_mapping
 from simulator.config import Deployment, ServeConfig, validation_message
 from simulator.profile import builtin_profiles
+from simulator.responses import VLLM_VERSION
 
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+Serve = Callable[[Deployment, socket.socket, asyncio.Event], Awaitable[None]]
 
 log = logging.getLogger("simulator")
 
@@ -53,53 +54,39 @@ def run_serve(args: argparse.Namespace) -> int:
     fields = {k: v for k, v in vars(args).items() if k in ServeConfig.model_fields and v is not None}
     try:
         deployment = Deployment(ServeConfig(**fields))
-        sock = _bind(deployment.config.host, deployment.config.port)
+        # bound before start-up as vLLM binds it, so a busy port or a bad host fails at once
+        sock = listen(deployment.config.host, deployment.config.port)
     except ValidationError as exc:
         return _bad_input(validation_message(exc))
     except ValueError as exc:
         return _bad_input(str(exc))
     _configure_logging()
     _log_startup(deployment)
+    import uvloop  # a dependency: the real-time loop's step timing is measured with it
+
     from simulator.server import serve  # aiohttp is only needed once we really serve
 
-    try:
-        import uvloop
-
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        runner = asyncio.run
-    received = runner(_serve_until_signal(deployment, sock, serve))
-    return EXIT_INTERRUPTED if received == signal.SIGINT else 0
+    received = uvloop.run(_serve_until_signal(deployment, sock, serve))
+    return exits.INTERRUPTED if received == signal.SIGINT else exits.OK
 
 
 def _bad_input(message: str) -> int:
     print(f"batchscope sim serve: error: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    return exits.BAD_INPUT
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before start-up as vLLM binds it, so a busy port or bad host fails at once."""
-    try:
-        family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                                      flags=socket.AI_PASSIVE)[0]
-    except socket.gaierror as exc:
-        raise ValueError(f"--host: cannot resolve {host!r} ({exc.strerror})") from None
-    try:
-        return socket.create_server(address, family=family, backlog=4096)
-    except OSError as exc:
-        # EADDRNOTAVAIL: the name resolves, but to an address this machine does not have
-        flag = "--host" if exc.errno == errno.EADDRNOTAVAIL else "--port"
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)  # create_server pads strerror with the address
-        raise ValueError(f"{flag}: cannot listen on {host}:{port} ({reason})") from None
-
-
-async def _serve_until_signal(deployment: Deployment, sock: socket.socket, serve) -> signal.Signals:
+async def _serve_until_signal(deployment: Deployment, sock: socket.socket, serve: Serve) -> signal.Signals:
     """Serve until SIGINT or SIGTERM; return which one, since an interrupt exits 130 and a stop exits 0."""
     stop = asyncio.Event()
     received: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig)
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda sig=sig: (received.append(sig), stop.set()))
+        loop.add_signal_handler(sig, on_signal, sig)
     await serve(deployment, sock, stop)
     return received[0]
 
@@ -117,16 +104,10 @@ def _configure_logging() -> None:
 
 def _log_startup(deployment: Deployment) -> None:
     config = deployment.config
-    log.info("vLLM API server version %s (batchscope simulator, profile %s)", _vllm_version(),
+    log.info("vLLM API server version %s (batchscope simulator, profile %s)", VLLM_VERSION,
              deployment.profile.name)
     # masked like every shown config: the API key never reaches a log
     log.info("non-default args: %s", mask_mapping(config.model_dump(exclude_defaults=True)))
     log.info("Chunked prefill is enabled with max_num_batched_tokens=%d.", config.max_num_batched_tokens)
     for line in deployment.kv_plan.log_lines():
         log.info("%s", line)
-
-
-def _vllm_version() -> str:
-    from simulator.server import VLLM_VERSION
-
-    return VLLM_VERSION

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from batchscope.validation import first_error
 from simulator.cost import StepCostModel
 from simulator.engine import EngineCore, SchedulerLimits
 from simulator.memory import KvCachePlan, plan_kv_cache
@@ -69,10 +70,8 @@ def flag_name(field: str) -> str:
 
 def validation_message(exc: ValidationError) -> str:
     """One line naming the first bad flag and what it allows."""
-    err = exc.errors()[0]
-    message = err["msg"].removeprefix("Value error, ")
-    field = ".".join(str(p) for p in err["loc"])
-    return f"{flag_name(field)}: {message}" if field else message  # model-level messages name their fields
+    flag, message, _ = first_error(exc, field_name=flag_name)
+    return f"{flag}: {message}" if flag else message  # model-level messages name their fields
 
 
 class Deployment:

@@ -14,6 +14,8 @@ from typing import Annotated
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from batchscope.validation import first_error
+
 _UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGT]iB|B)?\s*$")
 
@@ -88,9 +90,9 @@ def load_profile(name_or_path: str) -> Profile:
     except yaml.YAMLError as exc:
         raise ValueError(f"--profile {path.name}: not valid YAML ({_yaml_problem(exc)})") from None
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "top level"  # the document is not a mapping
-        raise ValueError(f"--profile {path.name}: {field}: {err['msg']}") from None
+        field, message, _ = first_error(exc)
+        # no field: the document is not a mapping
+        raise ValueError(f"--profile {path.name}: {field or 'top level'}: {message}") from None
 
 
 def _read_profile_file(path: Path) -> str:

@@ -1,5 +1,7 @@
 """Request bodies read as vLLM reads them: its pydantic field types, then SamplingParams' checks and messages.
 
+Pure: a decoded JSON body in, a validated request (or an ``ApiError`` carrying vLLM's status and message) out.
+
 Types are checked the way vLLM's pydantic models check them, in lax mode: ``"stream": "false"`` is False,
 ``"max_tokens": "5"`` is 5, ``"stream": "maybe"`` is an HTTP 400. vLLM answers such a type error from FastAPI's
 validation handler (error type "Bad Request"), and a value SamplingParams rejects from the serving code
@@ -8,9 +10,12 @@ validation handler (error type "Bad Request"), and a value SamplingParams reject
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from simulator import tokenizer
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -112,3 +117,102 @@ def check_sampling(fields: GenerationFields, max_tokens: int) -> None:
     if fields.min_tokens > max_tokens:
         raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
                             f"got {fields.min_tokens}.")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated completion or chat request."""
+
+    chat: bool
+    prompt_ids: list[int]
+    max_tokens: int
+    min_tokens: int
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What a request is checked against: the names the model answers to and its context length."""
+
+    names: tuple[str, ...]
+    max_model_len: int
+
+
+def require_object(body: object) -> dict:
+    """A decoded request body, which must be a JSON object."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "Request body must be a JSON object.")
+    return body
+
+
+def generation_request(body: dict, chat: bool, served: ServedModel) -> GenerationRequest:
+    """A /v1/completions (``chat`` False) or /v1/chat/completions body, checked in vLLM's order."""
+    fields = parse(GenerationFields, body)
+    if fields.model is not None and fields.model not in served.names:
+        raise ApiError(404, f"The model `{fields.model}` does not exist.", "NotFoundError", "model")
+    if chat:
+        prompt_ids = tokenizer.encode_chat(messages(body))
+        # chat's default output fills the context, as vLLM's does
+        default = max(served.max_model_len - len(prompt_ids), 1)
+        max_tokens = next((n for n in (fields.max_completion_tokens, fields.max_tokens) if n is not None), default)
+    else:
+        prompt_ids = prompt_token_ids(body.get("prompt"), add_bos=True)
+        max_tokens = 16 if fields.max_tokens is None else fields.max_tokens
+    _check_lengths(prompt_ids, max_tokens, served.max_model_len, chat)
+    check_sampling(fields, max_tokens)
+    return GenerationRequest(chat, prompt_ids, max_tokens, fields.min_tokens, fields.ignore_eos,
+                             bool(fields.stream), fields.include_usage)
+
+
+def _check_lengths(prompt_ids: list[int], max_tokens: int, limit: int, chat: bool) -> None:
+    if not prompt_ids:
+        raise ApiError(400, "The decoder prompt cannot be empty", param="prompt")
+    prompt_len = len(prompt_ids)
+    if prompt_len + max_tokens > limit:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
+            "Please reduce the length of the messages or completion.",
+            param="messages" if chat else "prompt",
+        )
+
+
+def tokenize_ids(body: dict) -> list[int]:
+    """The token ids /tokenize answers for a chat (``messages``) or a prompt body."""
+    if "messages" in body:
+        return tokenizer.encode_chat(messages(body))
+    return prompt_token_ids(body.get("prompt"), add_bos=parse(TokenizeFields, body).add_special_tokens)
+
+
+def detokenize_ids(body: dict) -> list[int]:
+    """The token ids of a /detokenize body, all within the vocabulary."""
+    tokens = parse(DetokenizeFields, body).tokens
+    check_vocabulary(tokens, "tokens")
+    return tokens
+
+
+def messages(body: dict) -> list[dict]:
+    found = body.get("messages")
+    if not isinstance(found, list) or not found or not all(isinstance(m, dict) for m in found):
+        raise ApiError(400, "messages must be a non-empty list of message objects.", param="messages")
+    return found
+
+
+def prompt_token_ids(prompt: object, add_bos: bool) -> list[int]:
+    """A single prompt as token ids: text, a list of ids, or a one-element list of either."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt, add_bos=add_bos)
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        check_vocabulary(prompt, "prompt")
+        return list(prompt)
+    raise ApiError(400, "prompt must be a string or a list of token ids (one prompt per request).", param="prompt")
+
+
+def check_vocabulary(ids: list[int], param: str) -> None:
+    if any(not 0 <= t < tokenizer.VOCAB_SIZE for t in ids):
+        raise ApiError(400, f"Token id out of vocabulary (0 <= id < {tokenizer.VOCAB_SIZE}).", param=param)

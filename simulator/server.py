@@ -1,78 +1,37 @@
-"""The simulator's OpenAI-compatible HTTP server: vLLM's routes, response shapes, errors, auth and /metrics.
+"""The simulator's OpenAI-compatible HTTP server: vLLM's routes, auth, errors, /metrics and the raw stream writes.
 
 Routes: POST /v1/completions, /v1/chat/completions (streaming and not), /tokenize, /detokenize; GET /v1/models,
 /health, /version, /metrics, and /sim/stats (simulator-only: step lag and token counts); other paths get
-FastAPI's JSON 404. Test hooks: injected 500s, streams cut half-way, stalls before the response, and a
-ground-truth JSONL log of server timestamps.
+FastAPI's JSON 404. Request parsing lives in ``protocol``, response shapes in ``responses``, the test hooks in
+``faults`` (injected 500s, cut streams, stalls) and ``truth`` (the ground-truth log); this module wires them to
+aiohttp and the real-time engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
-import json
 import logging
-import random
 import socket
 import time
-import uuid
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from simulator import tokenizer
+from batchscope.exposition import CONTENT_TYPE
+from simulator import protocol, responses
 from simulator.config import Deployment
+from simulator.faults import FaultInjector
 from simulator.metrics import VllmMetricsCollector
-from simulator.protocol import ApiError, DetokenizeFields, GenerationFields, TokenizeFields, check_sampling, parse
+from simulator.protocol import ApiError, GenerationRequest
 from simulator.realtime import RealtimeEngine, RequestStream
+from simulator.responses import SseFormatter, sse_tail
+from simulator.truth import GroundTruthLog, RequestTiming
 
-VLLM_VERSION = "0.13.0"
-# Always the classic text format: Prometheus 2.x would otherwise receive escaped `vllm_` names
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 log = logging.getLogger("simulator.server")
-# compact separators, as vLLM's FastAPI responses
-_dumps = functools.partial(json.dumps, separators=(",", ":"))
-
-
-@dataclass
-class GenerationRequest:
-    """A validated completion or chat request."""
-
-    chat: bool
-    prompt_ids: list[int]
-    max_tokens: int
-    min_tokens: int
-    ignore_eos: bool
-    stream: bool
-    include_usage: bool
-
-
-class SseFormatter:
-    """Pre-rendered pieces of one response's SSE events: token chunks cost a string join, not a JSON dump."""
-
-    def __init__(self, chat: bool, request_id: str, created: int, model: str) -> None:
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        self._head = f'data: {{"id":"{request_id}","object":"{obj}","created":{created},"model":{json.dumps(model)},'
-        if chat:
-            self._open = self._head + '"choices":[{"index":0,"delta":{"content":"'
-            self._close = '"},"logprobs":null,"finish_reason":%s}]}\n\n'
-        else:
-            self._open = self._head + '"choices":[{"index":0,"text":"'
-            self._close = '","logprobs":null,"finish_reason":%s,"stop_reason":null}]}\n\n'
-        self.role_chunk = (self._head + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-                           '"logprobs":null,"finish_reason":null}]}\n\n') if chat else ""
-
-    def token(self, text: str, finish_reason: str | None) -> str:
-        # token texts are ' ' + lowercase ASCII letters (tokenizer.decode_one), so they need no JSON escaping
-        return self._open + text + self._close % ("null" if finish_reason is None else f'"{finish_reason}"')
-
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> str:
-        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                 "completion_tokens": completion_tokens}
-        return self._head + f'"choices":[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class SimulatorServer:
@@ -84,12 +43,10 @@ class SimulatorServer:
         self.engine = deployment.new_engine()
         self.realtime = RealtimeEngine(self.engine)
         self.created = int(time.time())
-        self._faults = random.Random(self.config.seed)
+        self.served = protocol.ServedModel((self.config.name, self.config.model), deployment.max_model_len)
+        self._faults = FaultInjector(self.config)
         self._request_seeds = itertools.count(self.config.seed * 1_000_003)
-        self._stalled = 0  # requests held by --fault-stall-*, shown by /sim/stats
-        truth_path = self.config.ground_truth_log
-        # line-buffered and kept open for the server's life: closed in _on_cleanup
-        self._ground_truth = open(truth_path, "a", buffering=1) if truth_path else None  # noqa: SIM115
+        self._ground_truth = GroundTruthLog(self.config.ground_truth_log)
         self.registry = CollectorRegistry()
         self.registry.register(VllmMetricsCollector(self.engine, self.config.name, self._cache_config()))
         ProcessCollector(registry=self.registry)
@@ -131,11 +88,10 @@ class SimulatorServer:
 
     async def _on_cleanup(self, _app: web.Application) -> None:
         await self.realtime.stop()
-        if self._ground_truth:
-            self._ground_truth.close()
+        self._ground_truth.close()
 
     @web.middleware
-    async def _count_requests(self, request: web.Request, handler):
+    async def _count_requests(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await handler(request)
         route = request.match_info.route.resource
         path = route.canonical if route is not None else "none"
@@ -143,7 +99,7 @@ class SimulatorServer:
         return response
 
     @web.middleware
-    async def _errors_and_auth(self, request: web.Request, handler):
+    async def _errors_and_auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         key = self.config.api_key
         expected = f"Bearer {key.get_secret_value()}" if key else None
         if expected and request.path.startswith("/v1") and request.headers.get("Authorization") != expected:
@@ -164,130 +120,79 @@ class SimulatorServer:
         return web.Response(status=200)
 
     async def version(self, _request: web.Request) -> web.Response:
-        return _json_response({"version": VLLM_VERSION})
+        return _json_response({"version": responses.VLLM_VERSION})
 
     async def metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": METRICS_CONTENT_TYPE})
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE})
 
     async def sim_stats(self, _request: web.Request) -> web.Response:
         rt = self.realtime
         return _json_response({
             "steps": rt.steps, "tokens": rt.tokens, "step_lag_seconds": rt.lag_summary(),
             "num_requests_running": self.engine.num_running, "num_requests_waiting": self.engine.num_waiting,
-            "kv_cache_usage_perc": self.engine.kv_cache_usage, "num_requests_stalled": self._stalled,
+            "kv_cache_usage_perc": self.engine.kv_cache_usage, "num_requests_stalled": self._faults.stalled,
         })
 
     async def models(self, _request: web.Request) -> web.Response:
-        card = {
-            "id": self.config.name, "object": "model", "created": self.created, "owned_by": "vllm",
-            "root": self.config.model, "parent": None, "max_model_len": self.deployment.max_model_len,
-            "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
-                            "created": self.created, "allow_create_engine": False, "allow_sampling": True,
-                            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                            "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}],
-        }
-        return _json_response({"object": "list", "data": [card]})
+        return _json_response(responses.models_body(self.config.name, self.config.model, self.created,
+                                                    self.deployment.max_model_len))
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
-        if "messages" in body:
-            ids = tokenizer.encode_chat(_messages(body))
-        else:
-            ids = _prompt_ids(body.get("prompt"), add_bos=parse(TokenizeFields, body).add_special_tokens)
-        return _json_response({"count": len(ids), "max_model_len": self.deployment.max_model_len,
-                                  "tokens": ids, "token_strs": None})
+        ids = protocol.tokenize_ids(await _json_body(request))
+        return _json_response(responses.tokenize_body(ids, self.deployment.max_model_len))
 
     async def detokenize(self, request: web.Request) -> web.Response:
-        tokens = parse(DetokenizeFields, await _json_body(request)).tokens
-        _check_vocabulary(tokens, "tokens")
-        return _json_response({"prompt": tokenizer.decode(tokens)})
+        return _json_response(responses.detokenize_body(protocol.detokenize_ids(await _json_body(request))))
 
     # ----- generation ----------------------------------------------------------------------------------
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        arrival = time.time()
-        body = await _json_body(request)
-        fields = parse(GenerationFields, body)
-        self._check_model(fields)
-        prompt_ids = _prompt_ids(body.get("prompt"), add_bos=True)
-        max_tokens = 16 if fields.max_tokens is None else fields.max_tokens
-        return await self._generate(request, arrival, self._validated(fields, False, prompt_ids, max_tokens))
+        return await self._generate(request, chat=False)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        arrival = time.time()
-        body = await _json_body(request)
-        fields = parse(GenerationFields, body)
-        self._check_model(fields)
-        prompt_ids = tokenizer.encode_chat(_messages(body))
-        max_tokens = next((n for n in (fields.max_completion_tokens, fields.max_tokens) if n is not None),
-                          max(self.deployment.max_model_len - len(prompt_ids), 1))
-        return await self._generate(request, arrival, self._validated(fields, True, prompt_ids, max_tokens))
+        return await self._generate(request, chat=True)
 
-    def _check_model(self, fields: GenerationFields) -> None:
-        model = fields.model
-        if model is not None and model not in (self.config.name, self.config.model):
-            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-
-    def _validated(self, fields: GenerationFields, chat: bool, prompt_ids: list[int],
-                   max_tokens: int) -> GenerationRequest:
-        if not prompt_ids:
-            raise ApiError(400, "The decoder prompt cannot be empty", param="prompt")
-        limit, prompt_len = self.deployment.max_model_len, len(prompt_ids)
-        if prompt_len + max_tokens > limit:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
-                "Please reduce the length of the messages or completion.",
-                param="messages" if chat else "prompt",
-            )
-        check_sampling(fields, max_tokens)
-        return GenerationRequest(chat, prompt_ids, max_tokens, fields.min_tokens, fields.ignore_eos,
-                                 bool(fields.stream), fields.include_usage)
-
-    async def _generate(self, request: web.Request, arrival: float, gen: GenerationRequest) -> web.StreamResponse:
-        config = self.config
-        timing = _Timing(arrival, request.headers.get("X-Request-Id"))
-        if self._faults.random() < config.fault_error_rate:
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        timing = RequestTiming(time.time(), request.headers.get("X-Request-Id"))
+        gen = protocol.generation_request(await _json_body(request), chat, self.served)
+        faults = self._faults.draw(gen.stream, gen.max_tokens)
+        if faults.error:
             timing.outcome = "injected_error"
-            self._log_truth(gen, timing)
+            self._ground_truth.write(gen, timing)
             raise ApiError(500, "Injected fault: internal server error.", "InternalServerError")
-        cut = gen.stream and self._faults.random() < config.fault_cut_rate
-        if self._faults.random() < config.fault_stall_rate:
+        if faults.stall:
             await self._stall(gen, timing)
-        request_id = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex
+        request_id = responses.request_id(gen.chat)
         seed = next(self._request_seeds)
         stream = self.realtime.submit(len(gen.prompt_ids), gen.max_tokens, gen.ignore_eos, gen.min_tokens)
         try:
             if gen.stream:
-                return await self._stream(request, gen, stream, request_id, seed, cut, timing)
+                return await self._stream(request, gen, stream, request_id, seed, faults.cut_after, timing)
             return await self._complete(gen, stream, request_id, seed, timing)
         finally:
             if not stream.finished:
                 self.realtime.abort(stream)
                 timing.outcome = "cut" if timing.outcome == "cut" else "aborted"
-            self._log_truth(gen, timing, stream.produced, stream.finish_reason)
+            self._ground_truth.write(gen, timing, stream.produced, stream.finish_reason)
 
-    async def _stall(self, gen: GenerationRequest, timing: _Timing) -> None:
+    async def _stall(self, gen: GenerationRequest, timing: RequestTiming) -> None:
         """Hold the request; a client that gives up meanwhile is an abort, logged and counted as vLLM counts it."""
-        self._stalled += 1
         try:
-            await asyncio.sleep(self.config.fault_stall_s)
+            await self._faults.stall()
         except asyncio.CancelledError:  # aiohttp cancels the handler when its client disconnects
             timing.outcome = "aborted"
             self.engine.stats.record_aborted(1)
-            self._log_truth(gen, timing)
+            self._ground_truth.write(gen, timing)
             raise
-        finally:
-            self._stalled -= 1
 
-    async def _stream(self, request, gen, stream: RequestStream, request_id, seed, cut, timing) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, gen: GenerationRequest, stream: RequestStream, request_id: str,
+                      seed: int, cut_after: int | None, timing: RequestTiming) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         if request.version >= (1, 1):
             response.enable_chunked_encoding()
         await response.prepare(request)
-        sink = _TokenSink(request.transport, response.chunked, SseFormatter(gen.chat, request_id, int(timing.arrival),
-                          self.config.name), seed, timing, max(gen.max_tokens // 2, 1) if cut else None)
+        sse = SseFormatter(gen.chat, request_id, int(timing.arrival), self.config.name)
+        sink = _TokenSink(request.transport, response.chunked, sse, seed, timing, cut_after)
         stream.sink = sink.push
         if stream.produced:  # tokens that came before the sink was in place
             sink.push(stream.produced, stream.finish_reason)
@@ -298,48 +203,13 @@ class SimulatorServer:
         await response.write_eof()
         return response
 
-    async def _complete(self, gen, stream: RequestStream, request_id, seed, timing) -> web.Response:
+    async def _complete(self, gen: GenerationRequest, stream: RequestStream, request_id: str, seed: int,
+                        timing: RequestTiming) -> web.Response:
         while not stream.finished:
             await stream.wait()
         timing.token_written(time.time())
-        count = stream.produced
-        stopped = stream.finish_reason == "stop"
-        text = "".join(tokenizer.output_text(seed, i, stopped and i == count) for i in range(1, count + 1))
-        usage = {"prompt_tokens": len(gen.prompt_ids), "total_tokens": len(gen.prompt_ids) + count,
-                 "completion_tokens": count, "prompt_tokens_details": None}
-        common = {"id": request_id, "created": int(timing.arrival), "model": self.config.name}
-        if gen.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                      "logprobs": None, "finish_reason": stream.finish_reason, "stop_reason": None}
-            body = {**common, "object": "chat.completion", "choices": [choice], "usage": usage,
-                    "prompt_logprobs": None}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": stream.finish_reason,
-                      "stop_reason": None, "prompt_logprobs": None}
-            body = {**common, "object": "text_completion", "choices": [choice], "usage": usage}
-        return _json_response(body)
-
-    def _log_truth(self, gen, timing: _Timing, output_tokens: int = 0, finish_reason: str | None = None) -> None:
-        if self._ground_truth is None:
-            return
-        record = {
-            "request_id": timing.request_id,
-            "arrival_s": timing.arrival,
-            "first_token_s": timing.first,
-            "last_token_s": timing.last,
-            "endpoint": "chat" if gen.chat else "completions",
-            "stream": gen.stream,
-            "prompt_tokens": len(gen.prompt_ids),
-            "output_tokens": output_tokens,
-            "finish_reason": finish_reason,
-            "outcome": timing.outcome,
-        }
-        self._ground_truth.write(json.dumps(record) + "\n")
-
-
-def sse_tail(sse: SseFormatter, prompt_tokens: int, completion_tokens: int, include_usage: bool) -> str:
-    """What follows the last token: the usage chunk when asked for, then [DONE]."""
-    return (sse.usage(prompt_tokens, completion_tokens) if include_usage else "") + "data: [DONE]\n\n"
+        return _json_response(responses.completion_body(gen, request_id, int(timing.arrival), self.config.name, seed,
+                                                        stream.produced, stream.finish_reason))
 
 
 class _TokenSink:
@@ -350,8 +220,8 @@ class _TokenSink:
     finished, False when the stream was cut on purpose or the client is gone.
     """
 
-    def __init__(self, transport, chunked: bool, sse: SseFormatter, seed: int, timing: _Timing,
-                 cut_after: int | None) -> None:
+    def __init__(self, transport: asyncio.Transport | None, chunked: bool, sse: SseFormatter, seed: int,
+                 timing: RequestTiming, cut_after: int | None) -> None:
         self.transport = transport
         self.chunked = chunked
         self.sse = sse
@@ -367,12 +237,7 @@ class _TokenSink:
         if self.transport is None or self.transport.is_closing():
             self.done.set_result(False)
             return
-        pieces = [self.sse.role_chunk] if self.sent == 0 else []
-        for index in range(self.sent + 1, produced + 1):
-            last = index == produced
-            text = tokenizer.output_text(self.seed, index, last and reason == "stop")
-            pieces.append(self.sse.token(text, reason if last else None))
-        data = "".join(pieces).encode()
+        data = self.sse.tokens(self.seed, self.sent, produced, reason).encode()
         self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
         self.timing.token_written(time.time())
         self.sent = produced
@@ -384,26 +249,8 @@ class _TokenSink:
             self.done.set_result(False)
 
 
-class _Timing:
-    """Wall-clock truth of one request as the server wrote it."""
-
-    __slots__ = ("arrival", "request_id", "first", "last", "outcome")
-
-    def __init__(self, arrival: float, request_id: str | None) -> None:
-        self.arrival = arrival
-        self.request_id = request_id  # the client's X-Request-Id, to match records
-        self.first: float | None = None
-        self.last: float | None = None
-        self.outcome = "ok"
-
-    def token_written(self, now: float) -> None:
-        if self.first is None:
-            self.first = now
-        self.last = now
-
-
 def _json_response(body: object, status: int = 200) -> web.Response:
-    return web.json_response(body, status=status, dumps=_dumps)
+    return web.json_response(body, status=status, dumps=responses.dumps)
 
 
 async def _json_body(request: web.Request) -> dict:
@@ -411,33 +258,7 @@ async def _json_body(request: web.Request) -> dict:
         body = await request.json()
     except ValueError:
         raise ApiError(400, "Request body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "Request body must be a JSON object.")
-    return body
-
-
-def _messages(body: dict) -> list[dict]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise ApiError(400, "messages must be a non-empty list of message objects.", param="messages")
-    return messages
-
-
-def _prompt_ids(prompt: object, add_bos: bool) -> list[int]:
-    """A single prompt as token ids: text, a list of ids, or a one-element list of either."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return tokenizer.encode(prompt, add_bos=add_bos)
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        _check_vocabulary(prompt, "prompt")
-        return list(prompt)
-    raise ApiError(400, "prompt must be a string or a list of token ids (one prompt per request).", param="prompt")
-
-
-def _check_vocabulary(ids: list[int], param: str) -> None:
-    if any(not 0 <= t < tokenizer.VOCAB_SIZE for t in ids):
-        raise ApiError(400, f"Token id out of vocabulary (0 <= id < {tokenizer.VOCAB_SIZE}).", param=param)
+    return protocol.require_object(body)
 
 
 async def serve(deployment: Deployment, sock: socket.socket, stop: asyncio.Event | None = None) -> None:

@@ -30,7 +30,9 @@ def encode_chat(messages: list[dict]) -> list[int]:
     """Token ids of a chat after the template: BOS, each message framed, then the assistant header."""
     ids = [BOS_ID]
     for message in messages:
-        ids.extend([_HEADER_START, _ROLE_IDS.get(message.get("role"), 882), _HEADER_END, _BLANK_LINE])
+        role = message.get("role")
+        role_id = _ROLE_IDS.get(role, _ROLE_IDS["user"]) if isinstance(role, str) else _ROLE_IDS["user"]
+        ids.extend([_HEADER_START, role_id, _HEADER_END, _BLANK_LINE])
         ids.extend(encode(_content_text(message.get("content")), add_bos=False))
         ids.append(_EOT)
     ids.extend([_HEADER_START, _ROLE_IDS["assistant"], _HEADER_END, _BLANK_LINE])
