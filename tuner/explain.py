@@ -15,7 +15,7 @@ Thresholds (server signals have no CI with one repeat, so a change must be large
 
 from __future__ import annotations
 
-from tuner.compare import MetricDelta, SettingSummary, VariationComparison
+from tuner.comparison import MetricDelta, SettingSummary, VariationComparison
 
 STEP_RATIO = 1.2
 QUEUE_RATIO, QUEUE_MIN_S = 2.0, 0.05
@@ -78,31 +78,35 @@ class _Facts:
     # never better), and once: a later clause does not repeat it.
 
     def ttft(self) -> str | None:
-        metric = self._significant("ttft_p99", "ttft_p50")
-        if metric is None:
+        found = self._significant("ttft_p99", "ttft_p50")
+        if found is None:
             return None
-        up = metric.delta > 0
+        metric, delta = found
+        up = delta > 0
         return self._clause(metric, [self._steps(more=not up, prefill=True), self._queue(up), self._preempt(up)],
                             ": ")
 
     def latency_per_token(self) -> str | None:
-        metric = self._significant("itl_p50", "tpot_p50", "itl_p99", "tpot_p99")
-        if metric is None:
+        found = self._significant("itl_p50", "tpot_p50", "itl_p99", "tpot_p99")
+        if found is None:
             return None
-        up = metric.delta > 0
+        metric, delta = found
+        up = delta > 0
         return self._clause(metric, [self._steps(more=up, prefill=False), self._running(up), self._preempt(up)],
                             " ")
 
     def throughput(self) -> str | None:
-        metric = self._significant("completion_throughput_rps", "output_tokens_per_s")
-        if metric is None:
+        found = self._significant("completion_throughput_rps", "output_tokens_per_s")
+        if found is None:
             return None
+        metric, delta = found
         label = "throughput" if metric.metric == "completion_throughput_rps" else metric.label
-        down = metric.delta < 0
+        down = delta < 0
         return self._clause(metric, [self._preempt(down), self._running(not down)], ": ", label)
 
-    def _significant(self, *keys: str) -> MetricDelta | None:
-        return next((m for m in map(self.v.metric, keys) if m.significant and m.delta is not None), None)
+    def _significant(self, *keys: str) -> tuple[MetricDelta, float] | None:
+        """The first of the metrics whose delta is significant, with that delta."""
+        return next(((m, m.delta) for m in map(self.v.metric, keys) if m.significant and m.delta is not None), None)
 
     def _clause(self, metric: MetricDelta, reasons: list[str | None], joiner: str, label: str | None = None) -> str:
         head = f"{label or metric.label} {pct(metric.relative)}"
@@ -154,14 +158,14 @@ class _Facts:
 
     def _queue_cause(self) -> str:
         """Which cap made them wait: attributed to the changed knob only when a signal shows it binding."""
-        seqs = self.changed.get("max_num_seqs")
+        seqs = self._lowered("max_num_seqs")
         running = self.b.get("max_running") or 0
-        if seqs is not None and seqs.value < seqs.baseline and running >= CAP_FRACTION * seqs.value:
+        if seqs is not None and running >= CAP_FRACTION * seqs:
             self.cited.add("cap")
-            return f" — max_num_seqs {seqs.value} caps the running batch (max running {num(running)})"
-        tokens = self.changed.get("max_num_batched_tokens")
-        if tokens is not None and tokens.value < tokens.baseline:
-            return f" — max_num_batched_tokens {tokens.value:,} admits fewer prompt tokens per step"
+            return f" — max_num_seqs {seqs} caps the running batch (max running {num(running)})"
+        tokens = self._lowered("max_num_batched_tokens")
+        if tokens is not None:
+            return f" — max_num_batched_tokens {tokens:,} admits fewer prompt tokens per step"
         if (self.b.get("kv_usage_peak") or 0) >= KV_FULL:
             self.cited.add("kv")
             return f" — the KV cache is full (peak {num(self.b['kv_usage_peak'], 'ratio')}), new requests wait " \
@@ -175,11 +179,10 @@ class _Facts:
         self.cited.add("running")
         a, b = moved
         text = f"{'more' if more else 'fewer'} sequences per step (max running {num(a)} → {num(b)})"
-        seqs = self.changed.get("max_num_seqs")
-        if not more and seqs is not None and seqs.value < seqs.baseline and b >= CAP_FRACTION * seqs.value \
-                and "cap" not in self.cited:
+        seqs = self._lowered("max_num_seqs")
+        if not more and seqs is not None and b >= CAP_FRACTION * seqs and "cap" not in self.cited:
             self.cited.add("cap")
-            text += f" — max_num_seqs {seqs.value} caps the running batch"
+            text += f" — max_num_seqs {seqs} caps the running batch"
         return text
 
     def _preempt(self, appeared: bool) -> str | None:
@@ -198,6 +201,13 @@ class _Facts:
             self.cited.add("preempt")
             return f"preemptions gone ({num(a)} → 0)"
         return None
+
+    def _lowered(self, name: str) -> int | float | None:
+        """The new value of a numeric parameter the variation lowered, else None."""
+        change = self.changed.get(name)
+        if change is None or not isinstance(change.value, int | float) or not isinstance(change.baseline, int | float):
+            return None
+        return change.value if change.value < change.baseline else None
 
     def _capacity(self) -> str:
         a, b = self.capacity

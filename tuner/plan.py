@@ -21,6 +21,7 @@ from loadgen.spec import WorkloadSpec
 SCHEMA_VERSION: Final = 1
 # A plan's and a variation's name: it names folders (results/<plan>/<setting>-r<n>/) and the load run's --run-id
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+BASELINE = "baseline"  # the reference setting's name; a variation may not take it
 BACKEND_KINDS = ("simulator", "command", "docker")
 LOAD_MODES = ("concurrency", "poisson", "offline")
 # The serving parameters a variation may change: the seed's three knobs and the two lengths they depend on.
@@ -156,13 +157,13 @@ class Plan(BaseModel):
     @model_validator(mode="after")
     def _distinct_names(self) -> Plan:
         names = [v.name for v in self.variations]
-        if "baseline" in names or len(set(names)) != len(names):
+        if BASELINE in names or len(set(names)) != len(names):
             raise ValueError("variation names must be distinct and not 'baseline'")
         return self
 
     def settings(self) -> list[tuple[str, ServingParams]]:
         """(name, parameters) of every setting, the baseline first; raises PlanError for an invalid one."""
-        out = [("baseline", self.baseline)]
+        out = [(BASELINE, self.baseline)]
         for variation in self.variations:
             try:
                 params = ServingParams.model_validate({**self.baseline.model_dump(), **variation.set})

@@ -13,7 +13,7 @@ import matplotlib.image
 import pytest
 
 from tests.tuner.test_compare import WORKLOAD, make_run
-from tuner.compare import METRICS
+from tuner.metric_defs import METRICS
 from tuner.plan import Plan
 from tuner.report import CSV_COLUMNS, PLOTS, write_report
 from tuner.results import save

@@ -1,0 +1,129 @@
+"""A comparison of a plan's settings, as saved in comparison.json: per-metric deltas, settings, verdicts.
+
+The models only; tuner.compare fills them, tuner.verdicts and tuner.explain read them, tuner.report shows them.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from pydantic import BaseModel, Field
+
+import batchscope
+from loadgen.spec import WorkloadSpec
+from tuner.bootstrap import CONFIDENCE, RESAMPLES, SEED, Method
+from tuner.plan import ServingParams, Slos
+
+SCHEMA_VERSION: Final = 1
+
+
+class MetricDelta(BaseModel):
+    """One metric of one variation against the baseline."""
+
+    metric: str = Field(description="Metric key, e.g. ttft_p99.")
+    label: str = Field(description="Human name, e.g. 'TTFT p99'.")
+    unit: str = Field(description="Unit of baseline, value, delta and CI: s, req/s, tok/s, count, requests, ratio.")
+    better: Literal["lower", "higher"] | None = Field(description="Which direction is an improvement, if any.")
+    baseline: float | None = Field(description="Baseline value (mean over its ok repeats).")
+    value: float | None = Field(description="This setting's value (mean over its ok repeats).")
+    delta: float | None = Field(description="value − baseline, in unit.")
+    relative: float | None = Field(description="delta / baseline (0.1 = +10%); None when the baseline is 0.")
+    ci_low: float | None = Field(description="Lower end of the 95% bootstrap CI of delta, in unit.")
+    ci_high: float | None = Field(description="Upper end of the 95% bootstrap CI of delta, in unit.")
+    significant: bool | None = Field(description="The CI excludes 0; None when there is no CI.")
+    method: Method = Field(description="What was resampled: repeats, requests, poisson counts, or n/a (no CI).")
+
+    @property
+    def improved(self) -> bool | None:
+        """A significant change in the better direction (None when undecidable)."""
+        if not self.significant or self.better is None or self.delta is None:
+            return None
+        return (self.delta < 0) == (self.better == "lower")
+
+
+class ParamChange(BaseModel):
+    """A serving parameter that differs from the baseline."""
+
+    name: str = Field(description="Parameter (one of tuner.plan.TUNABLE, or 'extra_flags').")
+    baseline: int | float | str | None = Field(description="Its baseline value.")
+    value: int | float | str | None = Field(description="Its value in this setting.")
+
+
+class SettingSummary(BaseModel):
+    """One setting across its repeats."""
+
+    setting: str = Field(description="'baseline' or the variation's name.")
+    params: ServingParams = Field(description="Serving parameters of the setting.")
+    runs_ok: int = Field(description="Repeats that finished.")
+    runs_failed: int = Field(description="Repeats that failed (listed in Comparison.failed).")
+    kv_capacity_tokens: int | None = Field(description="KV cache capacity reported by the server, tokens.")
+    values: dict[str, float | None] = Field(description="Metric key -> mean over ok repeats, in the metric's unit.")
+    signals: dict[str, float | None] = Field(description="Server signals (ServerSignals fields), mean over ok "
+                                             "repeats: the evidence the explanations cite.")
+    meets_slos: bool | None = Field(description="p99 TTFT and TPOT within the SLOs; None without an ok run.")
+
+
+class VariationComparison(BaseModel):
+    """A variation against the baseline."""
+
+    setting: str = Field(description="Variation name.")
+    changed: list[ParamChange] = Field(description="Parameters that differ from the baseline.")
+    metrics: list[MetricDelta] = Field(description="One entry per compared metric, in METRICS order.")
+    explanation: str = Field(description="What changed and why, from the server signals, in vLLM terms.")
+
+    def metric(self, key: str) -> MetricDelta:
+        return next(m for m in self.metrics if m.metric == key)
+
+
+class Verdict(BaseModel):
+    """The best setting for one objective."""
+
+    objective: str = Field(description="e.g. 'TTFT p99 (lowest)'.")
+    metric: str = Field(description="Metric key judged.")
+    setting: str | None = Field(description="Best setting; None when no setting has a value.")
+    value: float | None = Field(description="Its value, in the metric's unit.")
+    significant_vs_baseline: bool | None = Field(description="Its delta to the baseline is significant (None for "
+                                                 "the baseline itself or without a CI).")
+
+
+class Verdicts(BaseModel):
+    """Answers per objective."""
+
+    best: list[Verdict] = Field(description="Best setting for TTFT p99, TPOT p99, throughput, and throughput "
+                                "within the SLOs.")
+    met_slos: list[str] = Field(description="Settings whose p99 TTFT and TPOT meet the SLOs.")
+    pareto_ttft_tpot: list[str] = Field(description="Settings on the TTFT p99 / TPOT p99 Pareto front.")
+
+
+class FailedRun(BaseModel):
+    """A run that failed: listed, not compared."""
+
+    setting: str = Field(description="Setting name.")
+    repeat: int = Field(description="Repeat index.")
+    failure: str = Field(description="One line saying why.")
+
+
+class Comparison(BaseModel):
+    """Every variation of a plan against its baseline, with the conditions and SLOs that framed it."""
+
+    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Bumped on any breaking change.")
+    tool_version: str = Field(batchscope.__version__, description="batchscope version that compared.")
+    plan: str = Field(description="Plan name.")
+    mode: Literal["real-time", "what-if"] = Field(description="How every compared run was measured.")
+    conditions: WorkloadSpec = Field(description="The locked workload shared by every run.")
+    slos: Slos = Field(description="Bounds used for met_slos.")
+    confidence: float = Field(CONFIDENCE, description="Confidence level of the intervals.")
+    resamples: int = Field(RESAMPLES, description="Bootstrap resamples per interval.")
+    seed: int = Field(SEED, description="Base seed of the bootstrap (one stream per setting and quantity).")
+    ci_basis: Literal["repeats", "requests"] = Field(description="'repeats' when every setting has >= 2 ok "
+                                                     "repeats, else 'requests' (one repeat: across requests).")
+    settings: list[SettingSummary] = Field(description="Baseline first, then the variations in plan order.")
+    variations: list[VariationComparison] = Field(description="Each variation against the baseline.")
+    verdicts: Verdicts = Field(description="Best per objective; SLOs met; Pareto front.")
+    failed: list[FailedRun] = Field(description="Runs that failed, with their one-line failure.")
+
+    def setting(self, name: str) -> SettingSummary:
+        return next(s for s in self.settings if s.setting == name)
+
+    def variation(self, name: str) -> VariationComparison:
+        return next(v for v in self.variations if v.setting == name)
