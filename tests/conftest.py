@@ -1,10 +1,12 @@
-"""Shared fixtures: real simulator and exporter processes on loopback, started with the CLI and polled until ready."""
+"""Shared fixtures: real simulator and exporter processes on loopback, started with the CLI and polled until ready.
+
+The simulator comes from the one launcher (batchscope.testkit.simulator); ``free_port`` and ``wait_until`` are
+the testkit's, importable from here as the tests always have.
+"""
 
 from __future__ import annotations
 
 import json
-import re
-import socket
 import subprocess
 import sys
 import time
@@ -16,49 +18,12 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-READY_LINE = re.compile(r"Starting vLLM API server 0 on (http://127\.0\.0\.1:\d+)")
+from batchscope.testkit.ports import free_port
+from batchscope.testkit.processes import Child, wait_until
+from batchscope.testkit.simulator import SimProcess, start_simulator
 
-
-@dataclass
-class SimProcess:
-    """A running `batchscope sim serve` and where to find its output."""
-
-    url: str
-    process: subprocess.Popen
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
-
-def start_simulator(tmp_path: Path, *flags: str, model: str = "sim-model", deadline_s: float = 20.0) -> SimProcess:
-    """Start the simulator on a free loopback port and wait (bounded) until /health answers."""
-    log_path = tmp_path / f"sim-{time.monotonic_ns()}.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "batchscope.cli", "sim", "serve", model, "--port", "0", *flags],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        match = READY_LINE.search(log_path.read_text())
-        if match and requests.get(match.group(1) + "/health", timeout=2).status_code == 200:
-            return SimProcess(match.group(1), process, log_path)
-        if process.poll() is not None:
-            raise RuntimeError(f"simulator exited with {process.returncode}: {log_path.read_text()}")
-        time.sleep(0.05)  # polling interval of a bounded wait, not synchronisation
-    process.kill()
-    raise TimeoutError(f"simulator not ready in {deadline_s}s: {log_path.read_text()}")
-
+__all__ = ["Exporter", "LoadResult", "SimProcess", "free_port", "only", "run_load", "samples", "start_simulator",
+           "wait_until"]
 
 @pytest.fixture
 def simulator(tmp_path):
@@ -73,23 +38,6 @@ def simulator(tmp_path):
     yield factory
     for sim in started:
         sim.stop()
-
-
-def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.02, message: str = "condition"):
-    """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {message}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -127,9 +75,9 @@ class Exporter:
     def __init__(self, tmp_path: Path, *flags: str) -> None:
         self.port = free_port()
         self.log = tmp_path / f"exporter-{self.port}.log"
-        with open(self.log, "w") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "batchscope.cli", "exporter", "--port",
-                                             str(self.port), *flags], stdout=log, stderr=subprocess.STDOUT)
+        self.child = Child("exporter", [sys.executable, "-m", "batchscope.cli", "exporter", "--port", str(self.port),
+                                        *flags], self.log)
+        self.process = self.child.process
         self.url = f"http://127.0.0.1:{self.port}/metrics"
         wait_until(self._answers, timeout_s=20, message="exporter up")
 
@@ -145,8 +93,7 @@ class Exporter:
         return samples(reply.text)
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
+        self.child.stop(timeout_s=10)
 
 
 def samples(text: str) -> dict[tuple, float]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from batchscope.testkit.processes import Child
 from tuner.results import RUN_FILE
 
 PORT_FLAG = re.compile(r"--port (\d+)")
@@ -42,10 +43,8 @@ def write_plan(tmp_path: Path, plan: dict, name: str = "plan.yaml") -> Path:
 
 def start_tune(tmp_path: Path, plan_path: Path, *flags: str, log_name: str = "tune.log") -> subprocess.Popen:
     """`batchscope tune` in its own process group (so a test can kill it and its children, and nothing else)."""
-    log = open(tmp_path / log_name, "wb")  # noqa: SIM115 - handed to the child, closed with the test's tmp_path
-    return subprocess.Popen([sys.executable, "-m", "batchscope.cli", "tune", str(plan_path), "--results",
-                             str(tmp_path / "results"), *flags], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return Child("tune", [sys.executable, "-m", "batchscope.cli", "tune", str(plan_path), "--results",
+                          str(tmp_path / "results"), *flags], tmp_path / log_name, new_session=True).process
 
 
 def tune(tmp_path: Path, plan_path: Path, *flags: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
