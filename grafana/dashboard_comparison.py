@@ -1,0 +1,102 @@
+"""The run comparison dashboard: one row per vLLM configuration seen in the time range, each figure over only
+the steps when that configuration was in force."""
+
+from __future__ import annotations
+
+from dashboard_parts import (
+    CONFIG_BY,
+    CONFIG_INFO,
+    CONFIG_LABELS,
+    MODEL,
+    QUOTED_OK,
+    SCENARIO,
+    Layout,
+    dashboard,
+    instant_table,
+    panel,
+    target,
+    timeseries,
+)
+
+
+def per_config(expr: str) -> str:
+    """Tag each series with the configuration in force at that instant (the info metric has one series per
+    exporter target at a time, so the many-to-one join is safe)."""
+    return f"({expr}) * on (job, instance) group_left ({CONFIG_BY}) {CONFIG_INFO}"
+
+
+def over_range(function: str, expr: str) -> str:
+    """`function` over the dashboard range of a per-configuration series, evaluated step by step."""
+    return f"{function}(({per_config(expr)})[$__range:$__interval])"
+
+
+def config_quantile(q: float, histogram: str) -> str:
+    """Quantile per configuration from the bucket rates summed over that configuration's steps (exact up to
+    bucket resolution; averaging 1 m quantiles would not be)."""
+    buckets = over_range("sum_over_time", f"rate({histogram}_bucket{{{SCENARIO}}}[$__rate_interval])")
+    return f"histogram_quantile({q}, sum by (le, {CONFIG_BY}) ({buckets}))"
+
+
+def config_mean(recorded: str) -> str:
+    """Mean of a recorded rate over the steps each configuration was in force, summed over scenarios/models."""
+    return f"sum by ({CONFIG_BY}) ({over_range('avg_over_time', recorded)})"
+
+
+def config_error_share() -> str:
+    """Share of finished requests that did not end ok, per configuration (0 when every outcome was ok)."""
+    def finished(selector: str) -> str:
+        rates = f"rate(batchscope_client_requests_total{{{selector}}}[$__rate_interval])"
+        return f"sum by ({CONFIG_BY}) ({over_range('sum_over_time', rates)})"
+
+    return f'{finished(SCENARIO + ", outcome!=" + QUOTED_OK)} / {finished(SCENARIO)}'
+
+
+COMPARISON_COLUMNS = [
+    # (column title, expression, unit)
+    ("TTFT p50", config_quantile(0.5, "batchscope_client_time_to_first_token_seconds"), "s"),
+    ("TTFT p99", config_quantile(0.99, "batchscope_client_time_to_first_token_seconds"), "s"),
+    ("TPOT p50", config_quantile(0.5, "batchscope_client_time_per_output_token_seconds"), "s"),
+    ("TPOT p99", config_quantile(0.99, "batchscope_client_time_per_output_token_seconds"), "s"),
+    ("Completions /s", config_mean(f"scenario:batchscope_client_completions:rate1m{{{SCENARIO}}}"), "reqps"),
+    ("Preemptions /s", config_mean(f"model:vllm_preemptions:rate1m{{{MODEL}}}"), "short"),
+    ("Errors", config_error_share(), "percentunit"),
+]
+
+
+def comparison_table() -> dict:
+    targets = [instant_table(expr) for _, expr, _ in COMPARISON_COLUMNS]
+    body = panel("table", "Configurations in the time range", targets, "s",
+                 "One row per (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len) seen "
+                 "in the range; each figure covers only the steps when that configuration was in force. Client "
+                 "figures; select one scenario so rows compare like with like.",
+                 options={"showHeader": True, "sortBy": [{"displayName": "max_num_seqs", "desc": False}]})
+    # Each instant query is a table whose value column is "Value #<refId>"; merge joins them on the config labels.
+    refs = [query["refId"] for query in targets]
+    renames = {f"Value #{ref}": title for ref, (title, _, _) in zip(refs, COMPARISON_COLUMNS, strict=True)}
+    order = {name: index for index, name in enumerate([*CONFIG_LABELS, *renames])}
+    body["transformations"] = [
+        {"id": "merge", "options": {}},
+        {"id": "organize", "options": {"excludeByName": {"Time": True}, "indexByName": order,
+                                       "renameByName": renames}},
+    ]
+    body["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byName", "options": title}, "properties": [{"id": "unit", "value": unit}]}
+        for title, _, unit in COMPARISON_COLUMNS if unit != "s"
+    ]
+    return body
+
+
+def comparison() -> dict:
+    layout = Layout()
+    layout.row("Run comparison", "What did each configuration seen in the range do to latency, throughput, "
+                                 "preemptions and errors?")
+    layout.add(comparison_table(), 24, 10)
+    layout.row("Over time", "When was each configuration in force, and how did client TTFT p99 move with it?")
+    layout.add(timeseries("Client TTFT p99 by configuration", [
+        target(per_config(f'scenario:batchscope_client_ttft_seconds:histogram_quantile1m{{{SCENARIO}, '
+                          f'quantile="0.99"}}'),
+               "max_num_seqs={{max_num_seqs}} max_num_batched_tokens={{max_num_batched_tokens}} "
+               "gpu_memory_utilization={{gpu_memory_utilization}} {{scenario}}"),
+    ], "s", "The same p99 as the overview, one colour per configuration."), 24)
+    return dashboard("batchscope-comparison", "vLLM batching — run comparison",
+                     "One row per vLLM configuration seen in the time range.", layout.panels)
