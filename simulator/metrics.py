@@ -1,8 +1,9 @@
 """vLLM's /metrics for the simulator: a collector that reads the engine at scrape time.
 
-Names, types, HELP texts, labels (``model_name``, ``engine``) and bucket boundaries are those of vLLM V1's
-``PrometheusStatLogger``; the values come from ``EngineStats``, which follows vLLM's definitions. Serve it
-with ``generate_latest`` as text format 0.0.4 whatever the Accept header, so Prometheus 2.x keeps the colons.
+Names, types, HELP texts and labels come from batchscope.vllm_catalogue, bucket boundaries from
+batchscope.vllm_buckets (both vLLM V1's ``PrometheusStatLogger``); the values come from ``EngineStats``, which
+follows vLLM's definitions. Serve it with ``generate_latest`` as text format 0.0.4 whatever the Accept header,
+so Prometheus 2.x keeps the colons.
 """
 
 from __future__ import annotations
@@ -12,32 +13,26 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from batchscope import vllm_catalogue as catalogue
+from batchscope.vllm_catalogue import VllmMetric
 from simulator.engine import EngineCore
 from simulator.finish import FINISH_REASONS
 
-LABELS = ["model_name", "engine"]
+LABELS = list(catalogue.ENGINE_LABELS)
 
-_HISTOGRAMS = {
-    # EngineStats attribute: (vLLM family name, vLLM HELP text)
-    "iteration_tokens": ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step."),
-    "time_to_first_token": (
-        "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds."),
-    "inter_token_latency": ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."),
-    "request_time_per_output_token": (
-        "vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request."),
-    "e2e_request_latency": ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
-    "request_queue_time": (
-        "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
-    "request_inference_time": (
-        "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request."),
-    "request_prefill_time": (
-        "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
-    "request_decode_time": (
-        "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request."),
-    "request_prompt_tokens": ("vllm:request_prompt_tokens", "Number of prefill tokens processed."),
-    "request_generation_tokens": ("vllm:request_generation_tokens", "Number of generation tokens processed."),
-    "request_params_max_tokens": (
-        "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter."),
+_HISTOGRAMS = {  # EngineStats attribute: vLLM family
+    "iteration_tokens": catalogue.ITERATION_TOKENS,
+    "time_to_first_token": catalogue.TIME_TO_FIRST_TOKEN,
+    "inter_token_latency": catalogue.INTER_TOKEN_LATENCY,
+    "request_time_per_output_token": catalogue.REQUEST_TIME_PER_OUTPUT_TOKEN,
+    "e2e_request_latency": catalogue.E2E_REQUEST_LATENCY,
+    "request_queue_time": catalogue.REQUEST_QUEUE_TIME,
+    "request_inference_time": catalogue.REQUEST_INFERENCE_TIME,
+    "request_prefill_time": catalogue.REQUEST_PREFILL_TIME,
+    "request_decode_time": catalogue.REQUEST_DECODE_TIME,
+    "request_prompt_tokens": catalogue.REQUEST_PROMPT_TOKENS,
+    "request_generation_tokens": catalogue.REQUEST_GENERATION_TOKENS,
+    "request_params_max_tokens": catalogue.REQUEST_PARAMS_MAX_TOKENS,
 }
 
 
@@ -51,38 +46,33 @@ class VllmMetricsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         engine, stats, labels = self._engine, self._engine.stats, self._labels
-        yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                          engine.num_running)
-        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                          engine.num_waiting)
-        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                          engine.kv_cache_usage)
-        yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                            stats.num_preemptions)
-        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens)
-        yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                            stats.generation_tokens)
-        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
-                                      labels=["finished_reason", *LABELS])
+        yield self._gauge(catalogue.NUM_REQUESTS_RUNNING, engine.num_running)
+        yield self._gauge(catalogue.NUM_REQUESTS_WAITING, engine.num_waiting)
+        yield self._gauge(catalogue.KV_CACHE_USAGE, engine.kv_cache_usage)
+        yield self._counter(catalogue.NUM_PREEMPTIONS, stats.num_preemptions)
+        yield self._counter(catalogue.PROMPT_TOKENS, stats.prompt_tokens)
+        yield self._counter(catalogue.GENERATION_TOKENS, stats.generation_tokens)
+        success = CounterMetricFamily(catalogue.REQUEST_SUCCESS.name, catalogue.REQUEST_SUCCESS.help,
+                                      labels=list(catalogue.REQUEST_SUCCESS.labels))
         for reason in FINISH_REASONS:
             success.add_metric([reason, *labels], stats.request_success[reason])
         yield success
-        for attribute, (name, help_text) in _HISTOGRAMS.items():
+        for attribute, metric in _HISTOGRAMS.items():
             histogram = getattr(stats, attribute)
-            family = HistogramMetricFamily(name, help_text, labels=LABELS)
+            family = HistogramMetricFamily(metric.name, metric.help, labels=LABELS)
             family.add_metric(labels, histogram.cumulative(), sum_value=histogram.sum)
             yield family
-        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                                 labels=[*self._cache_config, "engine"])
+        info = GaugeMetricFamily(catalogue.CACHE_CONFIG_INFO.name, catalogue.CACHE_CONFIG_INFO.help,
+                                 labels=[*self._cache_config, *catalogue.CACHE_CONFIG_INFO.labels])
         info.add_metric([*self._cache_config.values(), labels[1]], 1.0)
         yield info
 
-    def _gauge(self, name: str, help_text: str, value: float) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(name, help_text, labels=LABELS)
+    def _gauge(self, metric: VllmMetric, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(metric.name, metric.help, labels=LABELS)
         family.add_metric(self._labels, value)
         return family
 
-    def _counter(self, name: str, help_text: str, value: float) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, help_text, labels=LABELS)
+    def _counter(self, metric: VllmMetric, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(metric.name, metric.help, labels=LABELS)
         family.add_metric(self._labels, value)
         return family

@@ -1,0 +1,88 @@
+"""vLLM's metrics as vLLM publishes them: names, types, HELP texts and label names, defined once.
+
+From vLLM V1's ``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py; /work/shared/reference/vllm.md section 1),
+checked against captured /metrics in tests/fixtures/vllm-metrics-sample.txt. The simulator serves these, the
+exporter's tests and the exporter bench expect them. Names are vLLM's code names: prometheus_client exposes a
+counter ``vllm:prompt_tokens`` as ``vllm:prompt_tokens_total`` (``exposed_name``). Bucket boundaries live in
+batchscope.vllm_buckets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ENGINE_LABELS = ("model_name", "engine")  # served model name, data-parallel engine index ("0", "1", ...)
+
+
+@dataclass(frozen=True)
+class VllmMetric:
+    """One vLLM metric family."""
+
+    name: str
+    kind: Literal["gauge", "counter", "histogram"]
+    help: str
+    labels: tuple[str, ...] = ENGINE_LABELS
+
+    @property
+    def exposed_name(self) -> str:
+        """The family's name in a text exposition (prometheus_client appends ``_total`` to counters)."""
+        return self.name + "_total" if self.kind == "counter" else self.name
+
+
+def _gauge(name: str, help_text: str, labels: tuple[str, ...] = ENGINE_LABELS) -> VllmMetric:
+    return VllmMetric(name, "gauge", help_text, labels)
+
+
+def _counter(name: str, help_text: str, labels: tuple[str, ...] = ENGINE_LABELS) -> VllmMetric:
+    return VllmMetric(name, "counter", help_text, labels)
+
+
+def _histogram(name: str, help_text: str) -> VllmMetric:
+    return VllmMetric(name, "histogram", help_text)
+
+
+NUM_REQUESTS_RUNNING = _gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+NUM_REQUESTS_WAITING = _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+KV_CACHE_USAGE = _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+# labels: every CacheConfig field vLLM has (they vary by version) and the engine index, value 1
+CACHE_CONFIG_INFO = _gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", ("engine",))
+
+NUM_PREEMPTIONS = _counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+PROMPT_TOKENS = _counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+GENERATION_TOKENS = _counter("vllm:generation_tokens", "Number of generation tokens processed.")
+PREFIX_CACHE_QUERIES = _counter("vllm:prefix_cache_queries",
+                                "Prefix cache queries, in terms of number of queried tokens.")
+PREFIX_CACHE_HITS = _counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+REQUEST_SUCCESS = _counter("vllm:request_success", "Count of successfully processed requests.",
+                           ("finished_reason", *ENGINE_LABELS))
+
+ITERATION_TOKENS = _histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.")
+TIME_TO_FIRST_TOKEN = _histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.")
+INTER_TOKEN_LATENCY = _histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.")
+REQUEST_TIME_PER_OUTPUT_TOKEN = _histogram("vllm:request_time_per_output_token_seconds",
+                                           "Histogram of time_per_output_token_seconds per request.")
+E2E_REQUEST_LATENCY = _histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.")
+REQUEST_QUEUE_TIME = _histogram("vllm:request_queue_time_seconds",
+                                "Histogram of time spent in WAITING phase for request.")
+REQUEST_INFERENCE_TIME = _histogram("vllm:request_inference_time_seconds",
+                                    "Histogram of time spent in RUNNING phase for request.")
+REQUEST_PREFILL_TIME = _histogram("vllm:request_prefill_time_seconds",
+                                  "Histogram of time spent in PREFILL phase for request.")
+REQUEST_DECODE_TIME = _histogram("vllm:request_decode_time_seconds",
+                                 "Histogram of time spent in DECODE phase for request.")
+REQUEST_PROMPT_TOKENS = _histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.")
+REQUEST_GENERATION_TOKENS = _histogram("vllm:request_generation_tokens", "Number of generation tokens processed.")
+REQUEST_MAX_NUM_GENERATION_TOKENS = _histogram("vllm:request_max_num_generation_tokens",
+                                               "Histogram of maximum number of requested generation tokens.")
+REQUEST_PARAMS_N = _histogram("vllm:request_params_n", "Histogram of the n request parameter.")
+REQUEST_PARAMS_MAX_TOKENS = _histogram("vllm:request_params_max_tokens",
+                                       "Histogram of the max_tokens request parameter.")
+
+CATALOGUE: tuple[VllmMetric, ...] = (
+    NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, CACHE_CONFIG_INFO,
+    NUM_PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_SUCCESS,
+    ITERATION_TOKENS, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, REQUEST_TIME_PER_OUTPUT_TOKEN, E2E_REQUEST_LATENCY,
+    REQUEST_QUEUE_TIME, REQUEST_INFERENCE_TIME, REQUEST_PREFILL_TIME, REQUEST_DECODE_TIME, REQUEST_PROMPT_TOKENS,
+    REQUEST_GENERATION_TOKENS, REQUEST_MAX_NUM_GENERATION_TOKENS, REQUEST_PARAMS_N, REQUEST_PARAMS_MAX_TOKENS,
+)
