@@ -9,22 +9,22 @@ Environment values are read when the exporter runs, not when the parser is built
 from __future__ import annotations
 
 import argparse
-import errno
 import gc
 import logging
 import math
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 
+from batchscope import exits, listen
 from exporter.changes import ChangeTracker, GrafanaAnnotator
 from exporter.collector import BatchscopeCollector, ExporterSources
 from exporter.config import parse_command
@@ -34,8 +34,6 @@ from exporter.server import make_server, serve_in_thread
 
 log = logging.getLogger("batchscope.exporter")
 DEFAULT_PORT = 9648
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 
 @dataclass(frozen=True)
@@ -145,16 +143,15 @@ def _check_command(name: str, command: str) -> None:
         raise BadInput(f"{name}: cannot split the command line ({exc})") from None
 
 
-def bind(host: str, port: int, name_port: str, registry: CollectorRegistry):
+def bind(host: str, port: int, name_port: str, registry: CollectorRegistry) -> ThreadingHTTPServer:
     """The HTTP server, bound now so a busy port or an unknown host is a start-up error."""
     try:
-        return make_server(registry, host, port)
-    except socket.gaierror as exc:
-        raise BadInput(f"--host: cannot resolve {host!r} ({exc.strerror})") from None
+        family, address = listen.resolve(host, port)
+        return make_server(registry, address, family)
+    except listen.ListenError as exc:
+        raise BadInput(str(exc)) from None
     except OSError as exc:
-        flag = "--host" if exc.errno == errno.EADDRNOTAVAIL else name_port
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise BadInput(f"{flag}: cannot listen on {host}:{port} ({reason})") from None
+        raise BadInput(listen.explain(exc, host, port, port_flag=name_port)) from None
 
 
 def build_collector(args: argparse.Namespace) -> BatchscopeCollector:
@@ -185,7 +182,7 @@ def run_exporter(args: argparse.Namespace) -> int:
         server = bind(args.host, args.port, names["--port"], registry)
     except BadInput as exc:
         print(f"batchscope exporter: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exits.BAD_INPUT
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
     registry.register(build_collector(args))
     # scrapes allocate many short-lived objects; keep the start-up heap out of every full collection
@@ -206,4 +203,4 @@ def run_exporter(args: argparse.Namespace) -> int:
         signal.signal(sig, on_signal)
     stop.wait()
     server.shutdown()
-    return EXIT_INTERRUPTED if received[0] == signal.SIGINT else 0
+    return exits.INTERRUPTED if received[0] == signal.SIGINT else exits.OK

@@ -6,16 +6,19 @@ the classic format keeps `vllm:` names intact (../shared/reference/ecosystem.md 
 
 from __future__ import annotations
 
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from batchscope.exposition import CONTENT_TYPE
 
 
-def make_server(registry: CollectorRegistry, host: str, port: int) -> ThreadingHTTPServer:
-    """An HTTP server (not yet serving) answering /metrics from ``registry``."""
+def make_server(registry: CollectorRegistry, address: tuple, family: socket.AddressFamily = socket.AF_INET
+                ) -> ThreadingHTTPServer:
+    """An HTTP server (not yet serving) answering /metrics from ``registry``, bound to a socket address of
+    ``family`` (batchscope.listen.resolve gives both for a host and port)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the http.server API
@@ -34,9 +37,11 @@ def make_server(registry: CollectorRegistry, host: str, port: int) -> ThreadingH
         def log_message(self, *_args) -> None:  # scrapes every few seconds would flood the log
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    class Server(ThreadingHTTPServer):
+        address_family = family  # an IPv6 --host (::) needs an AF_INET6 socket
+        daemon_threads = True
+
+    return Server(address, Handler)
 
 
 def serve_in_thread(server: ThreadingHTTPServer) -> threading.Thread:

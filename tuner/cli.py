@@ -15,14 +15,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from batchscope import exits
 from tuner.plan import Plan, PlanError, load_plan
 from tuner.progress import Progress
 from tuner.results import PLAN_FILE
 from tuner.runner import Interrupted, StopOnSignal, plan_runs, run_plan
 from tuner.scenarios import SCENARIOS, describe, run_scenario
 
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 WHAT_IF_SUFFIX = ".what-if"  # what-if results sit beside the real-time ones, never mixed with them
 
 
@@ -67,7 +66,7 @@ def run_tune(args: argparse.Namespace) -> int:
     except Interrupted as exc:
         print(f"batchscope tune: interrupted ({exc}); finished runs are saved, --resume completes the plan",
               file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exits.INTERRUPTED
     failed = sum(1 for result in done if result.status == "failed")
     print(f"batchscope tune: {len(done)} runs done ({failed} failed), {len(runs) - len(done)} done before; "
           f"results in {plan_dir}")
@@ -75,7 +74,7 @@ def run_tune(args: argparse.Namespace) -> int:
         _print_report(plan_dir)
     except ValueError as exc:  # the runs stand; the report says why it cannot compare them
         print(f"batchscope tune: no report: {exc}", file=sys.stderr)
-    return 0
+    return exits.OK
 
 
 def run_mlperf(args: argparse.Namespace, plan: Plan, plan_dir: Path, command_file: Path | None) -> int:
@@ -89,11 +88,11 @@ def run_mlperf(args: argparse.Namespace, plan: Plan, plan_dir: Path, command_fil
                                    progress=progress, start_rps=args.start_rps, offline_requests=args.requests)
     except Interrupted as exc:
         print(f"batchscope tune: interrupted ({exc})", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exits.INTERRUPTED
     for result in results:
         print(describe(result))
     print(f"batchscope tune: {args.scenario} scenario results in {plan_dir / ('mlperf-' + args.scenario)}")
-    return 0
+    return exits.OK
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -104,7 +103,7 @@ def run_report(args: argparse.Namespace) -> int:
         _print_report(plan_dir)
     except ValueError as exc:  # no finished run, or runs whose locked conditions differ (ConditionsDiffer)
         return _error(str(exc), "report")
-    return 0
+    return exits.OK
 
 
 def _print_report(plan_dir: Path) -> None:
@@ -116,4 +115,4 @@ def _print_report(plan_dir: Path) -> None:
 
 def _error(message: str, command: str = "tune") -> int:
     print(f"batchscope {command}: error: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    return exits.BAD_INPUT
