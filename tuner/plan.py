@@ -14,13 +14,14 @@ from typing import Annotated, Final, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
+from batchscope import run_ids
 from batchscope.secrets import mask_argv
 from batchscope.validation import TAGGED_UNION_ERRORS, first_error
 from loadgen.spec import WorkloadSpec
 
 SCHEMA_VERSION: Final = 1
 # A plan's and a variation's name: it names folders (results/<plan>/<setting>-r<n>/) and the load run's --run-id
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+NAME_PATTERN = f"^{run_ids.NAME_PATTERN}$"
 BASELINE = "baseline"  # the reference setting's name; a variation may not take it
 BACKEND_KINDS = ("simulator", "command", "docker")
 LOAD_MODES = ("concurrency", "poisson", "offline")
