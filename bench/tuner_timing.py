@@ -19,8 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import REPO, SetupError, add_json_option, argument_parser, targets_table, write_json
+from batchscope.testkit.processes import SetupError
+from batchscope.testkit.report import add_json_option, argument_parser, targets_table, write_json
 
+REPO = Path(__file__).resolve().parent.parent
 TARGETS_S = {"real-time": 180.0, "what-if": 10.0}
 
 
