@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from batchscope.vllm_catalogue import CATALOGUE
 from exporter import families
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -73,6 +74,19 @@ def test_every_vllm_sample_survives_with_its_labels_and_value():
         exposed = {(s.name, tuple(sorted(s.labels.items()))): s.value
                    for f in families.parse(output) for s in f.samples}
         assert exposed == expected, letter
+
+
+def test_vllms_families_keep_vllms_type_and_help():
+    """Every catalogue family a sample carries under today's name is re-exposed with vLLM's TYPE and HELP."""
+    kept = 0
+    for text in sections().values():
+        output, _ = reexposed(text)
+        for metric in CATALOGUE:
+            type_line = f"# TYPE {metric.exposed_name} {metric.kind}\n"
+            if type_line in text:
+                assert type_line in output and f"# HELP {metric.exposed_name} {metric.help}\n" in output
+                kept += 1
+    assert kept >= 8
 
 
 def _todays_name(name: str) -> str:
