@@ -12,7 +12,7 @@ import logging
 import shlex
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,10 +59,11 @@ class BatchscopeCollector(Collector):
     """One Prometheus target carrying both sides of every request and the configuration behind them."""
 
     def __init__(self, sources: ExporterSources, changes: ChangeTracker,
-                 health: DownReporter | None = None) -> None:
+                 health: DownReporter | None = None, timer: Callable[[], float] = time.perf_counter) -> None:
         self._sources = sources
         self._changes = changes
         self._health = health or DownReporter()
+        self._timer = timer  # times each target's fetch and parse (batchscope_scrape_duration_seconds)
         self._local = threading.local()  # one requests.Session per pool thread
         self._parsers = {prefix: families.IncrementalParser() for prefix in ("vllm:", "batchscope_client_")}
         self._pool = ThreadPoolExecutor(max_workers=5, thread_name_prefix="scrape")
@@ -100,7 +101,7 @@ class BatchscopeCollector(Collector):
         return self._local.session
 
     def _scrape(self, target: str, url: str, prefix: str) -> TargetScrape:
-        started = time.perf_counter()
+        started = self._timer()
         result = TargetScrape()
         cause = None
         try:
@@ -114,7 +115,7 @@ class BatchscopeCollector(Collector):
         except (requests.RequestException, ValueError) as exc:
             cause = down_cause(exc, self._sources.timeout_s)
             result.error = cause.text
-        result.duration_s = time.perf_counter() - started
+        result.duration_s = self._timer() - started
         self._health.observe(target, url, cause)
         return result
 

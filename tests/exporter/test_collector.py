@@ -1,0 +1,232 @@
+"""exporter.collector in the fast tier: a fresh CollectorRegistry per test, upstreams served from loopback stubs
+(a vLLM /metrics text, the load generator's client metrics, /v1/models, /version), an injected timer and clock.
+Every value is asserted by its exposed name with get_sample_value."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.changes import ChangeTracker
+from exporter.collector import BatchscopeCollector, ExporterSources, kv_capacity
+from exporter.config import ServingConfig
+from exporter.docker_source import ContainerView
+from tests.stubs import HttpStub, Reply, json_reply
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+VLLM_METRICS = f"""\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="{MODEL}"}} 8.0
+# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{{engine="0",model_name="{MODEL}"}} 0.25
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="0.1",model_name="{MODEL}"}} 3.0
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="+Inf",model_name="{MODEL}"}} 5.0
+vllm:time_to_first_token_seconds_count{{engine="0",model_name="{MODEL}"}} 5.0
+vllm:time_to_first_token_seconds_sum{{engine="0",model_name="{MODEL}"}} 1.5
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",gpu_memory_utilization="0.9",num_gpu_blocks="2000"}} 1.0
+# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.7e+09
+"""
+CLIENT_METRICS = """\
+# HELP batchscope_client_requests_total Requests that ended, by outcome.
+# TYPE batchscope_client_requests_total counter
+batchscope_client_requests_total{outcome="ok",scenario="chat"} 42.0
+# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 7.0
+"""
+MODELS = {"object": "list", "data": [{"id": "llama", "root": MODEL, "max_model_len": 4000}]}
+
+
+class Upstream:
+    """vLLM and the load generator as loopback stubs whose /metrics text a test may change between scrapes."""
+
+    def __init__(self) -> None:
+        self.vllm_text = VLLM_METRICS
+        self.vllm = HttpStub(self._vllm).start()
+        self.loadgen = HttpStub(lambda _method, _path: Reply(body=CLIENT_METRICS.encode(),
+                                                             content_type="text/plain")).start()
+
+    def _vllm(self, _method: str, path: str) -> Reply:
+        if path == "/metrics":
+            return Reply(body=self.vllm_text.encode(), content_type="text/plain")
+        if path == "/v1/models":
+            return json_reply(MODELS)
+        if path == "/version":
+            return json_reply({"version": "0.11.0"})
+        return Reply(status=404)
+
+    def stop(self) -> None:
+        self.vllm.stop()
+        self.loadgen.stop()
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def upstream():
+    servers = Upstream()
+    yield servers
+    servers.stop()
+
+
+def registry_of(collector: BatchscopeCollector) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return registry
+
+
+def collector_for(upstream: Upstream, *, clock: Clock | None = None, **sources) -> BatchscopeCollector:
+    sources.setdefault("loadgen_url", upstream.loadgen.url)
+    return BatchscopeCollector(ExporterSources(vllm_url=upstream.vllm.url, timeout_s=2.0, **sources),
+                               ChangeTracker(clock=clock or Clock(0.0)))
+
+
+def config_labels(registry: CollectorRegistry) -> dict[str, str]:
+    samples = [s for m in registry.collect() if m.name == "batchscope_vllm_config_info" for s in m.samples]
+    assert len(samples) == 1, samples
+    return samples[0].labels
+
+
+def test_vllm_and_client_families_pass_through_with_their_values(upstream):
+    registry = registry_of(collector_for(upstream))
+    labels = {"engine": "0", "model_name": MODEL}
+    assert registry.get_sample_value("vllm:num_requests_running", labels) == 8.0
+    assert registry.get_sample_value("vllm:time_to_first_token_seconds_bucket", {**labels, "le": "0.1"}) == 3.0
+    assert registry.get_sample_value("vllm:time_to_first_token_seconds_sum", labels) == 1.5
+    assert registry.get_sample_value("batchscope_client_requests_total",
+                                     {"outcome": "ok", "scenario": "chat"}) == 42.0
+    assert registry.get_sample_value("batchscope_up", {"target": "vllm"}) == 1
+    assert registry.get_sample_value("batchscope_up", {"target": "loadgen"}) == 1
+
+
+def test_families_outside_the_two_namespaces_are_not_reexported(upstream):
+    names = {m.name for m in registry_of(collector_for(upstream)).collect()}
+    assert "process_start_time_seconds" not in names  # read to tell restarts apart, not re-exposed
+    assert "python_gc_objects_collected" not in names
+
+
+def test_an_old_vllm_name_is_exposed_under_todays_and_the_mapping_reported(upstream):
+    registry = registry_of(collector_for(upstream))
+    labels = {"engine": "0", "model_name": MODEL}
+    assert registry.get_sample_value("vllm:kv_cache_usage_perc", labels) == 0.25
+    assert registry.get_sample_value("vllm:gpu_cache_usage_perc", labels) is None
+    assert registry.get_sample_value("batchscope_vllm_metric_renamed_info", {
+        "source_name": "vllm:gpu_cache_usage_perc", "exposed_name": "vllm:kv_cache_usage_perc"}) == 1
+
+
+def test_the_configuration_comes_from_what_vllm_exposes_and_the_command_line_wins(upstream):
+    exposed = config_labels(registry_of(collector_for(upstream)))
+    assert (exposed["served_model_name"], exposed["model"], exposed["max_model_len"]) == ("llama", MODEL, "4000")
+    assert (exposed["block_size"], exposed["gpu_memory_utilization"], exposed["vllm_version"]) == \
+        ("16", "0.9", "0.11.0")
+    assert exposed["max_num_seqs"] == ""  # vLLM does not expose it: unknown without a command line
+    given = config_labels(registry_of(collector_for(
+        upstream, vllm_command=f"vllm serve {MODEL} --max-num-seqs 64 --max-model-len 8000 --api-key sk-x")))
+    assert (given["max_num_seqs"], given["max_model_len"]) == ("64", "8000")
+    assert given["other_flags"] == "api_key=***"
+
+
+def test_kv_capacity_is_blocks_times_block_size_and_concurrency_per_max_model_len(upstream):
+    registry = registry_of(collector_for(upstream))
+    assert registry.get_sample_value("batchscope_vllm_kv_cache_capacity_tokens") == 32_000
+    assert registry.get_sample_value("batchscope_vllm_kv_cache_max_concurrency") == 8.0
+
+
+def test_kv_capacity_falls_back_on_the_containers_log_line():
+    container = ContainerView(ServingConfig(), started_at=None, kv_cache_tokens=1000, max_concurrency=3.5)
+    assert kv_capacity({}, ServingConfig(max_model_len="100"), container) == (1000, 10.0)
+    assert kv_capacity({}, ServingConfig(), container) == (1000, 3.5)
+    assert kv_capacity({"num_gpu_blocks": "None", "block_size": "16"}, ServingConfig(), None) == (None, None)
+
+
+def test_a_new_command_file_is_one_change_at_the_clocks_time(upstream, tmp_path):
+    command_file = tmp_path / "vllm-command"
+    command_file.write_text(f"vllm serve {MODEL} --max-num-batched-tokens 2048")
+    clock = Clock(1_000.0)
+    registry = registry_of(collector_for(upstream, clock=clock, vllm_command_file=command_file))
+    assert config_labels(registry)["max_num_batched_tokens"] == "2048"
+    assert registry.get_sample_value("batchscope_config_changes_total") == 0
+    assert registry.get_sample_value("batchscope_config_last_change_timestamp_seconds") == 0
+    command_file.write_text(f"vllm serve {MODEL} --max-num-batched-tokens 8192")  # a tuner's next setting
+    clock.now = 1_060.0
+    assert config_labels(registry)["max_num_batched_tokens"] == "8192"
+    assert registry.get_sample_value("batchscope_config_changes_total") == 1
+    assert registry.get_sample_value("batchscope_config_last_change_timestamp_seconds") == 1_060.0
+
+
+def test_a_vllm_restart_with_the_same_configuration_is_a_change(upstream):
+    clock = Clock(5.0)
+    registry = registry_of(collector_for(upstream, clock=clock))
+    assert registry.get_sample_value("batchscope_config_changes_total") == 0
+    upstream.vllm_text = VLLM_METRICS.replace("process_start_time_seconds 1.7e+09",
+                                              "process_start_time_seconds 1.8e+09")
+    assert registry.get_sample_value("batchscope_config_changes_total") == 1
+
+
+def test_an_unreadable_command_file_falls_back_on_the_command_without_showing_the_file(upstream, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="batchscope.exporter")
+    registry = registry_of(collector_for(upstream, vllm_command_file=tmp_path,  # a folder: cannot be read
+                                         vllm_command=f"vllm serve {MODEL} --max-num-seqs 32"))
+    assert config_labels(registry)["max_num_seqs"] == "32"
+    assert any("cannot read a command line" in r.getMessage() for r in caplog.records)
+
+
+def test_a_down_vllm_gives_up_0_no_configuration_and_the_rest_is_served(upstream):
+    upstream.vllm.stop()
+    registry = registry_of(collector_for(upstream))
+    assert registry.get_sample_value("batchscope_up", {"target": "vllm"}) == 0
+    assert registry.get_sample_value("batchscope_up", {"target": "loadgen"}) == 1
+    assert registry.get_sample_value("batchscope_client_requests_total",
+                                     {"outcome": "ok", "scenario": "chat"}) == 42.0
+    assert "batchscope_vllm_config_info" not in {m.name for m in registry.collect()}
+    assert registry.get_sample_value("batchscope_config_changes_total") == 0
+
+
+def test_without_a_load_generator_only_vllm_is_a_target(upstream):
+    registry = registry_of(collector_for(upstream, loadgen_url=None))
+    assert registry.get_sample_value("batchscope_up", {"target": "vllm"}) == 1
+    assert registry.get_sample_value("batchscope_up", {"target": "loadgen"}) is None
+
+
+def test_the_scrape_duration_is_the_timed_fetch_and_parse(upstream):
+    ticks = itertools.count(start=10.0, step=0.25)  # each reading of the timer is a quarter second later
+    collector = BatchscopeCollector(ExporterSources(vllm_url=upstream.vllm.url), ChangeTracker(),
+                                    timer=lambda: next(ticks))
+    registry = registry_of(collector)
+    assert registry.get_sample_value("batchscope_scrape_duration_seconds", {"target": "vllm"}) == 0.25
+
+
+def test_the_api_key_goes_to_the_json_endpoints_and_never_into_the_exposition(upstream):
+    secret = "sk-never-exposed-1234"
+    registry = registry_of(collector_for(upstream, vllm_api_key=secret,
+                                         vllm_command=f"vllm serve {MODEL} --api-key {secret}"))
+    text = "".join(str(s) for m in registry.collect() for s in m.samples)
+    assert secret not in text
+    by_path = {r.path: r.headers.get("Authorization") for r in upstream.vllm.requests}
+    assert by_path["/v1/models"] == by_path["/version"] == f"Bearer {secret}"
+    assert by_path["/metrics"] is None
+
+
+def test_the_exposition_parses_back_with_the_exporters_own_families(upstream):
+    text = generate_latest(registry_of(collector_for(upstream))).decode()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {"batchscope_up", "batchscope_scrape_duration_seconds", "batchscope_config_changes",
+            "batchscope_config_last_change_timestamp_seconds", "batchscope_vllm_config_info"} <= names
