@@ -5,10 +5,11 @@ nothing else), and the locustfile, for runs started with `locust -f` directly. N
 
 from __future__ import annotations
 
-import errno
 import re
 import socket
 from pathlib import Path
+
+from batchscope.listen import ListenError, listen
 
 # the run id names a folder under out/ and goes into request ids and metric labels: no path separators, no "..".
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -35,19 +36,17 @@ def check_out_dir(path: Path) -> None:
         raise BadInput(f"--out: cannot create {path}: {exc.strerror}") from None
 
 
-def check_port(flag: str, port: int, host: str = "127.0.0.1") -> None:
-    """``port`` is 0 (off) or a port number that ``host`` can listen on now."""
+def check_port(flag: str, port: int, host: str = "127.0.0.1", host_flag: str = "--host") -> None:
+    """``port`` is 0 (off) or a port number that ``host`` can listen on now (batchscope.listen's bind and
+    message, as the servers that will listen there: a port left in TIME_WAIT by an earlier run is free)."""
     if not 0 <= port <= 65535:
         raise BadInput(f"{flag}: {port} is not a port number (1-65535, or 0 for none)")
     if port == 0:
         return
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        # as the servers that will listen there: a port left in TIME_WAIT by an earlier run is free
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise BadInput(port_error(flag, host, port, exc)) from None
+    try:
+        listen(host, port, host_flag=host_flag, port_flag=flag).close()
+    except ListenError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def check_host(flag: str, host: str) -> None:
@@ -58,8 +57,3 @@ def check_host(flag: str, host: str) -> None:
         socket.getaddrinfo(host, None)
     except OSError:
         raise BadInput(f"{flag}: cannot resolve {host!r}") from None
-
-
-def port_error(flag: str, host: str, port: int, exc: OSError) -> str:
-    reason = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc.strerror or exc})"
-    return f"{flag}: {host}:{port} {reason}"

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from batchscope import exits
 from loadgen.checks import BadInput, check_host, check_out_dir, check_port, check_run_id
 from loadgen.metrics import DEFAULT_METRICS_PORT
 from loadgen.spec import SpecError, load_spec
@@ -44,7 +45,7 @@ def run_load(args: argparse.Namespace) -> int:
         run_id, out = check_inputs(args)
     except (SpecError, BadInput) as exc:
         print(f"batchscope load: error: {exc}", file=sys.stderr)
-        return 2
+        return exits.BAD_INPUT
     command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
                "--host", args.host, "--spec", args.spec, "--run-id", run_id, "--out", str(out),
                "--metrics-port", str(args.metrics_port), "--csv", str(out / "locust"), "--stop-timeout", "0"]
@@ -70,8 +71,8 @@ def check_inputs(args: argparse.Namespace) -> tuple[str, Path]:
         if not 1 <= args.master_port <= 65535:  # workers connect to it: 0 cannot mean "off" here
             raise BadInput(f"--master-port: {args.master_port} is not a port number (1-65535)")
         check_host("--master-bind-host", args.master_bind_host)
-        check_port("--master-port", args.master_port,
-                   "" if args.master_bind_host in ANY_ADDRESS else args.master_bind_host)
+        bind_host = "" if args.master_bind_host in ANY_ADDRESS else args.master_bind_host
+        check_port("--master-port", args.master_port, bind_host, host_flag="--master-bind-host")
     run_id = check_run_id(args.run_id) if args.run_id else time.strftime("%Y%m%dT%H%M%S")
     out = Path(args.out or Path("out") / run_id)
     check_out_dir(out)

@@ -10,7 +10,6 @@ with the same 4xx ends there: more of the same requests would only be rejected a
 from __future__ import annotations
 
 import gc
-import math
 import time
 from array import array
 from collections import deque
@@ -20,10 +19,12 @@ from pathlib import Path
 from typing import IO
 
 from loadgen.metrics import ClientStats
-from loadgen.request import RequestRecord, Target, rejected
+from loadgen.report import SenderReport
+from loadgen.request import RequestRecord, rejected
 from loadgen.spec import OfflineLoad, WorkloadSpec
-from loadgen.summary import Summary, in_window, summarize
-from loadgen.target import build_target
+from loadgen.summary import Summary, summarize
+from loadgen.target import Target, build_target
+from loadgen.window import MeasurementWindow, live_window
 
 FINAL_REPORT_TIMEOUT_S = 30.0
 FAIL_FAST_REQUESTS = 10
@@ -47,15 +48,15 @@ class RunControl:
     run_id: str
     host: str
     out_dir: Path | None
-    request_stop: Callable[[], None]
-    sender_count: Callable[[], int]
-    pull: Callable[..., None] | None = None  # local runner: fetch the in-process sender's report
+    request_stop: Callable[[], None]  # ask every sender to stop and send its final report
+    sender_count: Callable[[], int]  # how many senders there are
+    pull: Callable[[], None] | None = None  # local runner: fetch the in-process sender's report
     stats: ClientStats = field(default_factory=ClientStats)
     records: list[RequestRecord] = field(default_factory=list)
     refused_s: array = field(default_factory=lambda: array("d"))  # scheduled times of refused arrivals
     rejections: dict[int, int] = field(default_factory=dict)  # finished requests per non-retryable 4xx status
     received: int = 0  # records reported so far, stored or still queued
-    _incoming: deque = field(default_factory=deque)
+    _incoming: deque[RequestRecord] = field(default_factory=deque)
     senders: dict[str, SenderState] = field(default_factory=dict)
     target: Target | None = None
     start_s: float | None = None
@@ -86,22 +87,22 @@ class RunControl:
             self._records_file.write(record.to_json() + "\n")
         # a record arrives after its end, and one ending after an early stop arrives after the stop is set: the
         # test is final when made, so the live histograms hold the summary's population
-        self.stats.observe(record, in_window=in_window(record, *self.window()))
-        if rejected(record):
+        self.stats.observe(record, in_window=self.window().holds(record))
+        if rejected(record) and record.status is not None:
             self.rejections[record.status] = self.rejections.get(record.status, 0) + 1
         # kept for exact percentiles at the end: 4 bytes a gap (float32: sub-µs at these magnitudes) instead of
         # a float object and a list slot, so a long local run grows by ~1 MB per 250k streamed tokens
         record.itl_s = array("f", record.itl_s)
         self.records.append(record)
 
-    def merge_report(self, sender: str, report: dict) -> None:
+    def merge_report(self, sender: str, report: SenderReport) -> None:
         """A sender's delta: its new records (queued for drain()) and its cumulative counters."""
         state = self.senders.setdefault(sender, SenderState())
-        self._incoming.extend(report["records"])
-        self.refused_s.extend(report["refused_s"])
-        self.received += len(report["records"])
-        state.started, state.refused, state.in_flight = report["started"], report["refused"], report["in_flight"]
-        state.final = state.final or report.get("final", False)
+        self._incoming.extend(report.records)
+        self.refused_s.extend(report.refused_s)
+        self.received += len(report.records)
+        state.started, state.refused, state.in_flight = report.started, report.refused, report.in_flight
+        state.final = state.final or report.final
         self.stats.started = sum(s.started for s in self.senders.values())
         self.stats.refused = sum(s.refused for s in self.senders.values())
 
@@ -114,8 +115,7 @@ class RunControl:
         """
         count = len(self._incoming) if limit is None else min(limit, len(self._incoming))
         for _ in range(count):
-            data = self._incoming.popleft()
-            self.accept(RequestRecord(**data) if isinstance(data, dict) else data)
+            self.accept(self._incoming.popleft())
         if count and not self._incoming:
             if self._records_file is not None:
                 self._records_file.flush()
@@ -130,12 +130,10 @@ class RunControl:
 
     # ----- timing --------------------------------------------------------------------------------------
 
-    def window(self) -> tuple[float, float]:
-        """The measurement window as known now (summarize's): duration_s after warm-up, cut short by an early
-        stop; offline's is open-ended until the stop."""
-        start = self.start_s + self.spec.warmup_s
-        end = math.inf if isinstance(self.spec.load, OfflineLoad) else start + self.spec.duration_s
-        return start, min(end, self.stop_s or math.inf)
+    def window(self) -> MeasurementWindow:
+        """The measurement window as known now (loadgen/window.py); call after begin()."""
+        assert self.start_s is not None
+        return live_window(self.spec, self.start_s, self.stop_s)
 
     def rejected_from_start(self) -> int | None:
         """The 4xx status that each of the (at least FAIL_FAST_REQUESTS) requests finished so far got, if any."""
@@ -147,6 +145,7 @@ class RunControl:
     def should_end(self) -> bool:
         if self.rejected_from_start() is not None:
             return True
+        assert self.start_s is not None
         elapsed = time.time() - self.start_s
         if isinstance(self.spec.load, OfflineLoad):
             return self.received >= self.spec.load.requests or elapsed > self.spec.timeout_s + 30
@@ -164,11 +163,13 @@ class RunControl:
     def stopped(self) -> bool:
         """All senders have sent their final report (or the wait timed out)."""
         finals = sum(1 for s in self.senders.values() if s.final)
+        assert self._stop_deadline is not None
         return finals >= self.sender_count() or time.time() > self._stop_deadline
 
     # ----- result --------------------------------------------------------------------------------------
 
     def summary(self) -> Summary:
+        assert self.start_s is not None, "a run that began"
         self.drain()
         stop = self.stop_s or time.time()
         return summarize(self.spec, self.records, run_id=self.run_id, host=self.host, start_s=self.start_s,

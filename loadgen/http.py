@@ -103,7 +103,7 @@ class Connection:
             self._sock = None
         self.reusable = False
 
-    def _connect(self) -> None:
+    def _connect(self) -> socket.socket:
         endpoint = self.endpoint
         try:
             sock = socket.create_connection((endpoint.host, endpoint.port), timeout=min(self.timeout_s, 10.0))
@@ -121,16 +121,16 @@ class Connection:
         sock.settimeout(self.timeout_s if self.read_timeouts else None)
         self._sock = sock
         self._buffer = b""
+        return sock
 
     def send(self, request: bytes) -> float:
         """Write a whole request; returns the time just before the bytes were handed to the kernel."""
         if self.aborted:
             raise StreamBroken("aborted")
-        if self._sock is None:
-            self._connect()
+        sock = self._sock if self._sock is not None else self._connect()
         sent = time.time()
         try:
-            self._sock.sendall(request)
+            sock.sendall(request)
         except Timeout:
             raise
         except OSError as exc:
@@ -169,12 +169,13 @@ class Connection:
 
     def _fill(self, want: int = RECV_SIZE) -> None:
         """Read at most ``want`` bytes (at least one) into the buffer."""
-        if self._sock is None:
+        sock = self._sock
+        if sock is None:
             raise StreamBroken("aborted" if self.aborted else "connection closed")
         # the socket's own timeout (timeout_s) catches a silent server; the deadline, checked after each read
         # (setting a fresh socket timeout per read costs a timer per token), a trickling one
         try:
-            data = self._receive(min(max(want, 1), RECV_SIZE))
+            data = self._receive(sock, min(max(want, 1), RECV_SIZE))
         except TimeoutError:
             raise Timeout(f"no response within {self.timeout_s} s") from None
         except Timeout:
@@ -187,17 +188,17 @@ class Connection:
             raise Timeout(f"no complete response within {self.timeout_s} s")
         self._buffer += data
 
-    def _receive(self, size: int) -> bytes:
+    def _receive(self, sock: socket.socket, size: int) -> bytes:
         """One read; ``arrived_s`` becomes the kernel's receive time of the data, not when this greenlet ran.
 
         A busy client reads late: timing chunks by the read would add its own scheduling delay to every TTFT
         and ITL. For TCP the kernel stamps a read with the arrival of the last segment it returns.
         """
         if not self._stamped:
-            data = self._sock.recv(size)
+            data = sock.recv(size)
             self.arrived_s = time.time()
             return data
-        data, ancillary, _flags, _address = self._sock.recvmsg(size, 64)
+        data, ancillary, _flags, _address = sock.recvmsg(size, 64)
         self.arrived_s = time.time()
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= TIMESPEC.size:

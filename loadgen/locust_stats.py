@@ -14,8 +14,8 @@ from collections.abc import Callable
 import gevent
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSVFileWriter
 
+from loadgen.greenlets import work_when_idle
 from loadgen.request import RequestRecord
-from loadgen.run import work_when_idle
 
 BATCH = 8
 

@@ -3,7 +3,8 @@
     locust -f loadgen/locustfile.py --spec spec.yaml --host http://127.0.0.1:8000      # web UI, LLM tab
     batchscope load --spec spec.yaml --workers 2 --out out/                             # headless
 
-The users only say *what* runs; timing, metrics, records and the end of the run live in loadgen/listeners.py.
+The users only say *what* runs; timing, metrics, records and the end of the run hang off Locust's events
+(loadgen/listeners.py registers them on import), the load shape is loadgen/shape.py.
 """
 
 import time
@@ -11,7 +12,10 @@ import time
 import gevent
 from locust import LoadTestShape, User, constant, task
 
-from loadgen import listeners
+import loadgen.listeners  # noqa: F401 (registers batchscope's options and event listeners)
+from loadgen import shape
+from loadgen.http import ConnectionPool
+from loadgen.session import sender
 
 
 class StreamingUser(User):
@@ -19,14 +23,14 @@ class StreamingUser(User):
 
     wait_time = constant(0)
 
-    connections = None
+    connections: ConnectionPool | None = None
 
     def on_start(self) -> None:
-        gevent.sleep(listeners.sender(self.environment).start_delay())  # the spec's ramp_up_s
+        gevent.sleep(sender(self.environment).start_delay())  # the spec's ramp_up_s
 
     @task
     def generate(self) -> None:
-        run = listeners.sender(self.environment)
+        run = sender(self.environment)
         self.connections = self.connections or run.connection_pool()
         if run.accepting:
             # a dead server or one rejecting every request: wait instead of spinning (LoadRun.pause_after)
@@ -42,9 +46,9 @@ class ArrivalDispatcher(User):
 
     @task
     def dispatch(self) -> None:
-        run = listeners.sender(self.environment)
+        run = sender(self.environment)
         if run.accepting:
-            run.dispatch(*listeners.dispatch_window(self.environment))
+            run.dispatch(*shape.dispatch_window(self.environment))
         run.accepting = False  # one schedule per run
         gevent.sleep(0.1)
 
@@ -53,4 +57,5 @@ class SpecShape(LoadTestShape):
     """Users as the spec's load mode needs them, until the run is over and reported."""
 
     def tick(self):
-        return listeners.tick(self.runner.environment, StreamingUser, ArrivalDispatcher)
+        assert self.runner is not None  # Locust sets it before the first tick
+        return shape.tick(self.runner.environment, StreamingUser, ArrivalDispatcher)

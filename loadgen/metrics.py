@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from batchscope.histogram import Histogram, merged_bounds
 from batchscope.vllm_buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from loadgen.request import OUTCOMES, RequestRecord
+from loadgen.spec import WorkloadSpec
 
 DEFAULT_METRICS_PORT = 9646  # where the master (or local process) serves the merged client metrics
 FINE_LATENCY = (0.0025, 0.0075, 0.015, 0.03, 0.05, 0.15, 0.2, 0.3, 0.4)
@@ -133,3 +134,12 @@ def _counter(name: str, help_text: str, names: list[str], labels: list[str], val
     family = CounterMetricFamily(name, help_text, labels=names)
     family.add_metric(labels, value)
     return family
+
+
+def workload_labels(spec: WorkloadSpec) -> dict[str, str]:
+    """The labels of batchscope_client_workload_info: the spec's shape (never its key)."""
+    load = spec.load
+    level = {"concurrency": "concurrency", "poisson": "rate", "offline": "requests"}[load.mode]
+    return {"mode": load.mode, "endpoint": spec.endpoint, "input_tokens": str(spec.input_tokens),
+            "output_tokens": str(spec.output_tokens), "stream": str(spec.stream).lower(),
+            "load_level": str(getattr(load, level))}

@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from dataclasses import dataclass, field
 
 from loadgen import http
 from loadgen.http import Connection
+from loadgen.target import Target
 
 RECORD_SCHEMA_VERSION = 1
 OUTCOMES = ("ok", "http_error", "timeout", "connection_error", "truncated", "length_mismatch", "aborted")
@@ -67,46 +67,27 @@ class RequestRecord:
         return json.dumps(self.to_dict(), separators=(",", ":"))
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where and what to send: the URL, headers, body, and the lengths the reply must have."""
-
-    url: str
-    headers: dict[str, str]
-    body: dict
-    chat: bool
-    stream: bool
-    prompt_tokens: int
-    output_tokens: int
-    timeout_s: float
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> Target:
-        return cls(**json.loads(text))
-
-    @cached_property
-    def encoded_body(self) -> bytes:
-        return json.dumps(self.body, separators=(",", ":")).encode()
-
-    @cached_property
-    def endpoint(self) -> http.Endpoint:
-        return http.Endpoint(self.url)
-
-
-class _Stream:
-    """Per-request SSE bookkeeping: token chunk times, usage, [DONE]."""
+class TokenStream:
+    """Per-request SSE bookkeeping: events cut out of the body as it arrives, token chunk times, usage, [DONE]."""
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat
+        self._buffer = b""  # the start of an event whose blank line has not arrived yet
         self.first: float | None = None
-        self.last: float | None = None
+        self.last = 0.0  # read only once ``first`` is set
         self.gaps: list[float] = []
         self.usage: dict | None = None
         self.done = False
         self.error: str | None = None
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        """Body bytes that arrived at ``now``: every event they complete is read (an event may span reads,
+        and one read may complete several)."""
+        self._buffer += chunk
+        if b"\n\n" in self._buffer:
+            *events, self._buffer = self._buffer.split(b"\n\n")
+            for event in events:
+                self.feed_event(event, now)
 
     def feed_event(self, event: bytes, now: float) -> None:
         for line in event.split(b"\n"):
@@ -196,16 +177,10 @@ def _exchange(connection: Connection, target: Target, record: RequestRecord, ext
 
 def _read_stream(connection: Connection, chunks: Iterator[bytes], target: Target, record: RequestRecord
                  ) -> RequestRecord:
-    stream = _Stream(target.chat)
-    buffer = b""
+    stream = TokenStream(target.chat)
     try:  # timings are kept even when the stream breaks, times out or is aborted
         for chunk in chunks:
-            now = connection.arrived_s  # when the bytes arrived, not when this greenlet got to them
-            buffer += chunk
-            if b"\n\n" in buffer:
-                *events, buffer = buffer.split(b"\n\n")
-                for event in events:
-                    stream.feed_event(event, now)
+            stream.feed(chunk, connection.arrived_s)  # when the bytes arrived, not when this greenlet got to them
     finally:
         _fill_timing(record, stream.first, stream.last, stream.gaps)
     if stream.error:
@@ -225,7 +200,7 @@ def _read_body(body: bytes, target: Target, record: RequestRecord) -> RequestRec
 
 def _fill_timing(record: RequestRecord, first: float | None, last: float | None, gaps: list[float]) -> None:
     record.first_token_s, record.last_token_s, record.itl_s = first, last, gaps
-    if first is not None:
+    if first is not None and last is not None:
         record.ttft_s = first - record.scheduled_s
         record.e2e_s = last - record.scheduled_s
 
@@ -233,7 +208,8 @@ def _fill_timing(record: RequestRecord, first: float | None, last: float | None,
 def _check_usage(record: RequestRecord, target: Target, usage: dict) -> RequestRecord:
     record.prompt_tokens = usage.get("prompt_tokens")
     record.output_tokens = usage.get("completion_tokens")
-    if record.output_tokens and record.output_tokens > 1 and record.first_token_s is not None:
+    if record.output_tokens and record.output_tokens > 1 and record.first_token_s is not None \
+            and record.last_token_s is not None:
         record.tpot_s = (record.last_token_s - record.first_token_s) / (record.output_tokens - 1)
     if (record.prompt_tokens, record.output_tokens) != (target.prompt_tokens, target.output_tokens):
         return _finish(record, "length_mismatch", error=(

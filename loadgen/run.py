@@ -22,9 +22,12 @@ import gevent.pool
 import numpy as np
 
 from loadgen import http
+from loadgen.greenlets import sleep_until
 from loadgen.http import Connection, ConnectionPool
-from loadgen.request import RequestRecord, Target, measure, rejected
+from loadgen.report import SenderReport
+from loadgen.request import RequestRecord, measure, rejected
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
+from loadgen.target import Target
 
 
 def arrival_times(spec: WorkloadSpec, start: float, worker_index: int, workers: int) -> Iterator[float]:
@@ -45,31 +48,9 @@ def arrival_times(spec: WorkloadSpec, start: float, worker_index: int, workers: 
             yield moment
 
 
-SPIN_S = 0.002
 RECONNECT_DELAY_S = 0.1  # a dead server: don't spin, but keep trying (and counting attempts) at 10 a second
 BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 5.0  # how soon a fixed server (a key, a model loaded) is noticed again
-
-
-def _sleep_until(moment: float) -> None:
-    """Sleep until ``moment`` to within a fraction of a millisecond: timers alone wake up to a ms late, which
-    would show as dispatch lag; the last couple of ms are spent yielding to the other greenlets instead."""
-    delay = moment - time.time()
-    if delay > SPIN_S:
-        gevent.sleep(delay - SPIN_S)
-    while time.time() < moment:
-        gevent.sleep(0)
-
-
-def work_when_idle(step: Callable[[], bool]) -> None:
-    """Call ``step`` whenever nothing else is ready to run; it returns whether work is left (else nap 50 ms).
-
-    For bookkeeping that must not delay the reading of the streams being timed.
-    """
-    while True:
-        gevent.idle()
-        if not step():
-            gevent.sleep(0.05)
 
 
 class LoadRun:
@@ -151,6 +132,7 @@ class LoadRun:
     def dispatch(self, start: float, end: float) -> None:
         """Open loop: release this worker's arrivals at their scheduled times until ``end``."""
         load = self.spec.load
+        assert not isinstance(load, ConcurrencyLoad)
         cap = load.max_in_flight if isinstance(load, PoissonLoad) else load.requests
         cap = max(1, -(-cap // self.workers))
         connections = self.connection_pool()
@@ -158,7 +140,7 @@ class LoadRun:
         for scheduled in arrival_times(self.spec, start, self.worker_index, self.workers):
             if not self.accepting or scheduled >= end:
                 break
-            _sleep_until(scheduled)
+            sleep_until(scheduled)
             if pool.full() or scheduled < self.backoff_until:
                 self.refused += 1
                 self._refused_s.append(scheduled)
@@ -169,15 +151,12 @@ class LoadRun:
     def connection_pool(self) -> ConnectionPool:
         return ConnectionPool(self.target.endpoint, self.spec.timeout_s, read_timeouts=False)
 
-    def report(self, final: bool = False, as_dicts: bool = True) -> dict:
-        """The delta for the controller: records finished since the last report, and cumulative counts.
-
-        Workers send plain dicts (msgpack); a local runner passes the record objects as they are.
-        """
+    def report(self, final: bool = False) -> SenderReport:
+        """The delta for the controller: records finished since the last report, and cumulative counts."""
         records, self._outbox = self._outbox, []
         refused_s, self._refused_s = self._refused_s, []
-        return {"records": [r.to_dict() for r in records] if as_dicts else records, "started": self.started,
-                "refused": self.refused, "refused_s": refused_s, "in_flight": self.in_flight, "final": final}
+        return SenderReport(records=records, started=self.started, refused=self.refused, refused_s=refused_s,
+                            in_flight=self.in_flight, final=final)
 
     def stop_now(self, timeout_s: float = 10.0) -> None:
         """Refuse new requests and abort those in flight (each is delivered as 'aborted')."""

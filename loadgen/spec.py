@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_serializer
 
 from batchscope.secrets import mask_mapping
+from batchscope.validation import TAGGED_UNION_ERRORS, first_error
 
 MAX_TOKENS = 10_000_000  # per request, prompt or output: beyond any model's context
 MAX_CONCURRENCY = 100_000  # users, or requests in flight
@@ -153,14 +154,16 @@ def _apply_override(data: dict, item: str) -> None:
 
 
 def describe_error(exc: ValidationError) -> str:
-    """First validation error as 'spec: field: message (allowed: ...)'."""
-    err = exc.errors()[0]
-    loc = [str(p) for p in err["loc"]]
-    if loc[:1] == ["load"] and len(loc) > 2:
-        del loc[1]  # pydantic puts the union member's tag (the mode) after "load": load.concurrency.concurrency
-    field = ".".join(loc) or "spec"
-    message = err["msg"]
-    if err["type"] == "union_tag_invalid" or err["type"] == "union_tag_not_found":
-        message = "must be one of: concurrency, poisson, offline"
-        field = "load.mode"
-    return f"spec: {field}: {message}"
+    """First validation error as 'spec: field: message' (batchscope.validation's one line)."""
+    field, message, kind = first_error(exc, field_name=_without_mode_tag)
+    if kind in TAGGED_UNION_ERRORS:
+        field, message = "load.mode", "must be one of: concurrency, poisson, offline"
+    return f"spec: {field or 'spec'}: {message}"
+
+
+def _without_mode_tag(field: str) -> str:
+    # pydantic puts the union member's tag (the mode) after "load": load.concurrency.concurrency
+    parts = field.split(".")
+    if parts[:1] == ["load"] and len(parts) > 2:
+        del parts[1]
+    return ".".join(parts)

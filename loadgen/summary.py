@@ -1,15 +1,12 @@
 """The end-of-run summary: exact statistics from the per-request records over the measurement window.
 
-The window runs from the end of warm-up for duration_s, or to an earlier stop (offline: to the last request's
-end). Every request figure
-takes the requests that *ended* in the window, whatever their start (``in_window``): completion throughput =
+The window and its population are loadgen/window.py's (the rule the live metrics and the LLM tab share): every
+request figure takes the requests that *ended* in the window, whatever their start. Completion throughput =
 requests completed ok in the window / the window, as `vllm bench serve` (which has no warm-up) counts it, and
-TTFT, TPOT, E2E per such request and ITL pooled over their every gap, with exact percentiles (numpy). A window
-of a steady system then holds each kind of request at its true rate, long ones included, so a closed loop obeys
-Little's law (throughput x mean E2E = users); counting only requests that both started and ended in it would
-leave out those spanning an edge, the long ones most. Output tokens/s counts the tokens that *arrived* in the
-window (by their chunk times, whatever became of their request); total tokens/s adds the prompts of the requests
-whose first token came in the window. The live client histograms and the web UI's LLM tab use the same rule.
+TTFT, TPOT, E2E per such request and ITL pooled over their every gap, with exact percentiles (numpy). A closed
+loop then obeys Little's law (throughput x mean E2E = users). Output tokens/s counts the tokens that *arrived*
+in the window (by their chunk times, whatever became of their request); total tokens/s adds the prompts of the
+requests whose first token came in the window.
 """
 
 from __future__ import annotations
@@ -25,7 +22,8 @@ from rich.table import Table
 
 import batchscope
 from loadgen.request import OUTCOMES, RequestRecord, rejected
-from loadgen.spec import OfflineLoad, PoissonLoad, WorkloadSpec
+from loadgen.spec import PoissonLoad, WorkloadSpec
+from loadgen.window import final_window, in_window  # noqa: F401 (in_window: tuner/signals.py reads it here)
 
 SUMMARY_SCHEMA_VERSION = 2  # 2: window = requests that ended in it; offered rate; failure
 
@@ -86,11 +84,6 @@ class Summary(BaseModel):
                                 "null when it did not.")
 
 
-def in_window(record: RequestRecord, start: float, end: float) -> bool:
-    """The population of every request figure: the request ended within [start, end]."""
-    return record.end_s is not None and start <= record.end_s <= end
-
-
 def summarize(spec: WorkloadSpec, records: list[RequestRecord], *, run_id: str, host: str, start_s: float,
               stop_s: float, started: int, refused: int, refused_s: Sequence[float] = ()) -> Summary:
     """Build the summary. The window starts after warm-up and lasts duration_s, or less if the run stopped
@@ -98,14 +91,9 @@ def summarize(spec: WorkloadSpec, records: list[RequestRecord], *, run_id: str, 
 
     ``refused_s`` holds the scheduled times of the refused arrivals, for the offered rate.
     """
-    window_start = start_s + spec.warmup_s
-    ends = [r.end_s for r in records if r.end_s is not None]
-    if isinstance(spec.load, OfflineLoad):
-        window_end = max(ends, default=window_start)
-    else:
-        window_end = min(stop_s, window_start + spec.duration_s)
-    duration = max(window_end - window_start, 1e-9)
-    ended = [r for r in records if in_window(r, window_start, window_end)]
+    window = final_window(spec, start_s, stop_s, (r.end_s for r in records if r.end_s is not None))
+    window_start, window_end, duration = window.start_s, window.end_s, window.duration_s
+    ended = [r for r in records if window.holds(r)]
     ok = [r for r in ended if r.outcome == "ok"]
     outcomes = dict.fromkeys(OUTCOMES, 0)
     for record in records:
@@ -130,9 +118,10 @@ def summarize(spec: WorkloadSpec, records: list[RequestRecord], *, run_id: str, 
         window_start_s=window_start, completed=len(ok), failed=failed, effective_duration_s=duration,
         completion_throughput_rps=len(ok) / duration, target_rate_rps=target_rate, offered_rate_rps=offered,
         output_tokens_per_s=output / duration, total_tokens_per_s=(output + prompt) / duration,
-        ttft=Distribution.of([r.ttft_s for r in ok]), tpot=Distribution.of([r.tpot_s for r in ok if r.tpot_s]),
+        ttft=Distribution.of([r.ttft_s for r in ok if r.ttft_s is not None]),
+        tpot=Distribution.of([r.tpot_s for r in ok if r.tpot_s]),
         itl=Distribution.of(np.concatenate([np.asarray(r.itl_s, dtype=float) for r in ok]) if ok else []),
-        e2e=Distribution.of([r.e2e_s for r in ok]),
+        e2e=Distribution.of([r.e2e_s for r in ok if r.e2e_s is not None]),
         peak_concurrency=peak_concurrency(records),
         dispatch_lag_p99_s=float(np.percentile(lags, 99)) if lags else None,
         failure=failure_reason(spec, len(ok), failed, records),

@@ -9,15 +9,48 @@ every one of them.
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, dataclass
+from functools import cached_property
+
 import numpy as np
 import requests
 
-from loadgen.request import Target
+from loadgen import http
 from loadgen.spec import SpecError, WorkloadSpec
 
 _WORDS = ("time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school",
           "state", "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week")
 MAX_CALIBRATION_CALLS = 40
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and what to send: the URL, headers, body, and the lengths the reply must have."""
+
+    url: str
+    headers: dict[str, str]
+    body: dict
+    chat: bool
+    stream: bool
+    prompt_tokens: int
+    output_tokens: int
+    timeout_s: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Target:
+        return cls(**json.loads(text))
+
+    @cached_property
+    def encoded_body(self) -> bytes:
+        return json.dumps(self.body, separators=(",", ":")).encode()
+
+    @cached_property
+    def endpoint(self) -> http.Endpoint:
+        return http.Endpoint(self.url)
 
 
 def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None = None) -> Target:

@@ -9,7 +9,7 @@ A tab has one column structure, so the grid is Figure | Mean / value | p50 | p90
 four, every other row puts its single value in the second column. Cells are rendered as plain text.
 
 Client figures follow the end-of-run summary (loadgen/summary.py): latencies of the requests completed ok in the
-measurement window (summary.in_window: ended after warm-up and within duration_s) with exact percentiles, in ms;
+measurement window (loadgen/window.py: ended after warm-up and within duration_s) with exact percentiles, in ms;
 throughputs over the window so far. The live output tokens/s counts the tokens of completed requests (cheap to
 keep up to date); the end-of-run summary counts every token that arrived in the window, so it reads a little
 higher while long requests are streaming.
@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadgen.control import RunControl
 from loadgen.request import OUTCOMES
 from loadgen.spec import WorkloadSpec
-from loadgen.summary import Distribution, in_window
+from loadgen.summary import Distribution
 
 if TYPE_CHECKING:
     from locust.web import WebUI
@@ -83,22 +83,22 @@ class Window:
         self.latency = {name: Distribution.of([]) for name in LATENCIES}
 
     def update(self, ctl: RunControl) -> None:
-        start, end = ctl.window()
-        ok = [r for r in ctl.records[self.seen:] if r.outcome == "ok" and in_window(r, start, end)]
+        window = ctl.window()
+        ok = [r for r in ctl.records[self.seen:] if r.outcome == "ok" and window.holds(r)]
         self.seen = len(ctl.records)
         if not ok:
             return  # nothing new: the percentiles stand
         self.completed += len(ok)
         self.output_tokens += sum(r.output_tokens or 0 for r in ok)
-        self.values["ttft"].extend(r.ttft_s for r in ok)
+        self.values["ttft"].extend(r.ttft_s for r in ok if r.ttft_s is not None)
         self.values["tpot"].extend(r.tpot_s for r in ok if r.tpot_s)
         self.values["itl"].extend(gap for r in ok for gap in r.itl_s)
-        self.values["e2e"].extend(r.e2e_s for r in ok)
+        self.values["e2e"].extend(r.e2e_s for r in ok if r.e2e_s is not None)
         self.latency = {name: Distribution.of(values) for name, values in self.values.items()}
 
 
 def window_start(ctl: RunControl) -> float:
-    return ctl.window()[0]
+    return ctl.window().start_s
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,8 @@ def install(web_ui: WebUI, get_control: Callable[[], RunControl | None], grafana
 
     gevent.spawn(read_at_window_start, get_control, server)
 
+    assert web_ui.app is not None
+
     @web_ui.app.after_request
     def add_llm_stats(response: Response) -> Response:
         if request.endpoint != "locust.request_stats" or response.status_code != 200:
@@ -235,8 +237,8 @@ def milliseconds(seconds: float | None) -> str:
 
 
 def throughput_rows(ctl: RunControl, window: Window) -> list[dict[str, str]]:
-    start, end = ctl.window()
-    measured = min(time.time(), end) - start
+    span = ctl.window()
+    measured = min(time.time(), span.end_s) - span.start_s
     if measured <= 0:
         return [row("measured (s)", "warming up")]
     return [
@@ -261,7 +263,10 @@ def server_rows(server: ServerMetrics, window_start_s: float) -> list[dict[str, 
     if not server.reachable:
         return [row(figure, "unreachable") for figure in figures]
     latest, baseline = server.latest, server.baseline
-    preempted = None if baseline is None or latest.preemptions is None else latest.preemptions - baseline.preemptions
+    assert latest is not None  # reachable: read at least once
+    preempted = None
+    if baseline is not None and latest.preemptions is not None and baseline.preemptions is not None:
+        preempted = latest.preemptions - baseline.preemptions
     values = [count(latest.running), count(latest.waiting),
               "-" if latest.kv is None else f"{latest.kv * 100:.1f}", count(preempted)]
     return [row(figure, value) for figure, value in zip(figures, values, strict=True)]

@@ -6,7 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.metrics import ClientStats
 from loadgen.request import RequestRecord
-from loadgen.summary import in_window
+from loadgen.window import in_window
 
 
 def merged_samples(result) -> dict[tuple, float]:

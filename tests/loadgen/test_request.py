@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from loadgen.http import ConnectionPool
-from loadgen.request import RequestRecord, Target, measure
+from loadgen.request import RequestRecord, measure
 from loadgen.spec import load_spec
-from loadgen.target import build_target
+from loadgen.target import Target, build_target
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.e2e

@@ -1,0 +1,138 @@
+"""One run as this Locust process holds it: a typed session per Environment, and its parts built for the
+process's role.
+
+Roles: a *sender* (worker or local runner) runs users and produces records (loadgen/run.py's LoadRun); the
+*controller* (master or local runner) merges reports, serves /metrics, writes records and the summary, and ends
+the run (loadgen/control.py's RunControl). A local runner is both. The session lives beside Locust's
+Environment (a weak mapping), not in attributes added to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+from locust.env import Environment
+from locust.runners import MasterRunner, Runner, WorkerRunner
+from prometheus_client import CollectorRegistry
+
+from loadgen.control import RunControl
+from loadgen.locust_stats import DeferredRequestEvents
+from loadgen.run import LoadRun
+from loadgen.spec import WorkloadSpec
+from loadgen.target import Target
+
+
+@dataclass
+class Session:
+    """What batchscope keeps for the run in this process; a part is None where the role has none (yet)."""
+
+    sender: LoadRun | None = None  # built with the first user (a worker learns the spec from the first spawn)
+    events: DeferredRequestEvents | None = None  # the sender's records on their way into Locust's stats
+    control: RunControl | None = None  # controller only: built at init from the spec
+    registry: CollectorRegistry | None = None  # controller only: the merged client metrics
+
+
+_SESSIONS: weakref.WeakKeyDictionary[Environment, Session] = weakref.WeakKeyDictionary()
+
+
+def session(environment: Environment) -> Session:
+    return _SESSIONS.setdefault(environment, Session())
+
+
+def options_of(environment: Environment) -> argparse.Namespace:
+    options = environment.parsed_options
+    assert options is not None, "batchscope runs from Locust's command line (or its web UI's form)"
+    return options
+
+
+def runner_of(environment: Environment) -> Runner:
+    runner = environment.runner
+    assert runner is not None, "batchscope's listeners run after Locust created its runner"
+    return runner
+
+
+def sender(environment: Environment) -> LoadRun:
+    """This process's LoadRun, built on first use (on a worker the spec arrives with the first spawn)."""
+    state = session(environment)
+    if state.sender is None:
+        options = options_of(environment)
+        spec = WorkloadSpec.model_validate_json(options.batchscope_spec)
+        runner = runner_of(environment)
+        worker_index, workers = 0, 1
+        if isinstance(runner, WorkerRunner):
+            worker_index, workers = runner.worker_index, max(1, int(getattr(options, "expect_workers", 1) or 1))
+        events = DeferredRequestEvents(environment, spec.scenario)
+        state.sender = LoadRun(spec, Target.from_json(options.batchscope_target), run_id=options.run_id,
+                               worker_index=worker_index, workers=workers, on_record=events.add)
+        state.events = events
+    return state.sender
+
+
+def stop_sender(environment: Environment) -> LoadRun | None:
+    """Abort this process's in-flight requests and queue every record left; None before the first user."""
+    state = session(environment)
+    if state.sender is None:
+        return None
+    state.sender.stop_now()
+    if state.events is not None:
+        state.events.flush()
+    return state.sender
+
+
+class MasterSenders:
+    """A master's senders: its workers, stopped by a message; they push their reports."""
+
+    def __init__(self, runner: MasterRunner) -> None:
+        self.runner = runner
+        self.control: RunControl | None = None
+
+    def request_stop(self) -> None:
+        self.runner.send_message("batchscope_stop", None)
+
+    def count(self) -> int:
+        # a worker that sent its last records and quit (its own Ctrl-C) still counts among those that finished
+        reported = len(self.control.senders) if self.control is not None else 0
+        return max(self.runner.worker_count, reported)
+
+
+class LocalSender:
+    """A local runner's one sender: itself; the controller pulls its reports."""
+
+    def __init__(self, environment: Environment) -> None:
+        self.environment = environment
+        self.control: RunControl | None = None
+
+    def request_stop(self) -> None:
+        stop_sender(self.environment)
+        self.pull(final=True)
+
+    def count(self) -> int:
+        return 1
+
+    def pull(self, final: bool = False) -> None:
+        run = session(self.environment).sender  # none before the first user starts
+        if run is not None and self.control is not None:
+            self.control.merge_report("local", run.report(final=final))
+
+
+def new_control(environment: Environment, spec: WorkloadSpec) -> RunControl:
+    """The controller of this run; ``spec`` as read, with its API key (a dumped spec has its secrets masked)."""
+    options = options_of(environment)
+    runner = runner_of(environment)
+    senders: MasterSenders | LocalSender
+    if isinstance(runner, MasterRunner):
+        senders = MasterSenders(runner)
+        pull = None
+    else:
+        senders = LocalSender(environment)
+        pull = senders.pull
+    control = RunControl(spec=spec, run_id=options.run_id or time.strftime("%Y%m%dT%H%M%S"),
+                         host=environment.host or "", out_dir=Path(options.out) if options.out else None,
+                         request_stop=senders.request_stop, sender_count=senders.count, pull=pull)
+    senders.control = control
+    session(environment).control = control
+    return control
