@@ -1,0 +1,121 @@
+"""The HTTP client's framing without a server process: chunked transfer over a loopback socket fed canned bytes,
+and the SSE token stream fed arbitrary splits (frames across reads, several per read, [DONE], errors)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import pytest
+
+from loadgen.http import Connection, Endpoint, StreamBroken, encode_request
+from loadgen.request import TokenStream
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def token(text: str, usage: dict | None = None, chat: bool = False) -> bytes:
+    choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+    data = {"id": "x", "choices": [choice] if text is not None else [], "usage": usage}
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def chunked(*frames: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in frames) + b"0\r\n\r\n"
+
+
+def canned_server(reply: bytes, close: bool = False) -> tuple[Endpoint, threading.Thread]:
+    """A one-connection server on loopback that reads one request head and writes ``reply`` in one send."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener, listener.accept()[0] as conn:
+            received = b""
+            while b"\r\n\r\n" not in received:
+                received += conn.recv(4096)
+            conn.sendall(reply)
+            if not close:
+                conn.recv(1)  # until the client hangs up
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return Endpoint(f"http://127.0.0.1:{listener.getsockname()[1]}/v1/completions"), thread
+
+
+def exchange(reply: bytes, close: bool = False) -> tuple[bool, list[bytes]]:
+    """The body's pieces, and whether the connection was left reusable."""
+    endpoint, thread = canned_server(reply, close)
+    connection = Connection(endpoint, timeout_s=5)
+    connection.send(encode_request(endpoint, b"{}", {}))
+    status, headers = connection.read_head()
+    assert status == 200
+    chunks = []
+    try:
+        chunks.extend(connection.body(headers))
+        return connection.reusable, chunks
+    finally:
+        connection.close()
+        thread.join(timeout=5)
+
+
+def test_chunks_of_every_size_come_out_whole_whatever_the_reads():
+    # reads ask for about the last frame's size, so frames of changing sizes straddle reads
+    frames = [b"a" * 300, b"b" * 7, b"c" * 1000, b"d", b"e" * 70000, b"f" * 40]
+    reusable, chunks = exchange(HEAD + chunked(*frames))
+    assert b"".join(chunks) == b"".join(frames)
+    assert reusable  # the terminal chunk ended the body cleanly
+
+
+def test_a_body_cut_inside_a_chunk_is_a_broken_stream():
+    with pytest.raises(StreamBroken):
+        exchange(HEAD + b"64\r\n" + b"x" * 10, close=True)
+
+
+def test_sized_body_and_connection_close():
+    body = b'{"usage":{}}'
+    reply = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    reusable, chunks = exchange(reply)
+    assert b"".join(chunks) == body and not reusable
+
+
+def feed_in_pieces(stream: TokenStream, data: bytes, size: int) -> None:
+    for moment, start in enumerate(range(0, len(data), size)):
+        stream.feed(data[start:start + size], float(moment))
+
+
+@pytest.mark.parametrize("size", [1, 3, 17, 10_000])
+def test_sse_events_split_across_and_packed_into_reads(size):
+    usage = {"prompt_tokens": 4, "completion_tokens": 3}
+    data = token("a") + token("b") + token("c") + token(None, usage=usage) + b"data: [DONE]\n\n"
+    stream = TokenStream(chat=False)
+    feed_in_pieces(stream, data, size)
+    assert stream.done and stream.usage == usage and stream.error is None
+    assert len(stream.gaps) == 2  # three tokens
+    if size == 10_000:  # one read: every token stamped with its arrival
+        assert (stream.first, stream.last, stream.gaps) == (0.0, 0.0, [0.0, 0.0])
+    else:
+        assert stream.first < stream.last and sum(stream.gaps) == stream.last - stream.first
+
+
+def test_sse_times_each_token_by_the_read_that_completed_it():
+    stream = TokenStream(chat=True)
+    first, second = token("hi", chat=True), token(" there", chat=True)
+    stream.feed(token("", chat=True), 1.0)  # chat's role-only opening chunk carries no token
+    stream.feed(first[:5], 2.0)
+    stream.feed(first[5:] + second[:-1], 3.0)
+    stream.feed(second[-1:], 4.5)
+    assert (stream.first, stream.last, stream.gaps) == (3.0, 4.5, [1.5])
+
+
+def test_sse_error_event_and_spaced_json_take_the_parsing_path():
+    stream = TokenStream(chat=False)
+    stream.feed(b'data: {"choices": [{"text": "x"}]}\n\n', 1.0)  # not vLLM's compact JSON
+    stream.feed(b'data: {"error": {"message": "boom"}}\n\n', 2.0)
+    assert stream.first == 1.0 and "boom" in (stream.error or "") and not stream.done
+
+
+def test_sse_comments_and_empty_text_are_not_tokens():
+    stream = TokenStream(chat=False)
+    stream.feed(b": keep-alive\n\n" + token("") + b"data: [DONE]\n\n", 1.0)
+    assert stream.first is None and stream.done

@@ -1,0 +1,81 @@
+"""The sender (loadgen/run.py) without a server: arrival schedules, ramp-up, back-off, reports on the wire."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from loadgen import run
+from loadgen.report import SenderReport
+from loadgen.request import RequestRecord
+from loadgen.run import LoadRun, arrival_times
+from loadgen.spec import load_spec
+from loadgen.target import Target
+
+TARGET = Target(url="http://127.0.0.1:9/v1/completions", headers={}, body={}, chat=False, stream=True,
+                prompt_tokens=8, output_tokens=4, timeout_s=5.0)
+
+
+def spec(*fields: str):
+    return load_spec(None, ["input_tokens=8", "output_tokens=4", *fields])
+
+
+def sender(*fields: str, workers: int = 1) -> LoadRun:
+    return LoadRun(spec(*fields), TARGET, run_id="r", worker_index=0, workers=workers, on_record=lambda r: None)
+
+
+def test_offline_shares_add_up_to_the_batch_and_start_at_once():
+    batch = spec("load.mode=offline", "load.requests=10")
+    shares = [list(arrival_times(batch, 5.0, index, 3)) for index in range(3)]
+    assert [len(s) for s in shares] == [4, 3, 3] and {t for s in shares for t in s} == {5.0}
+
+
+def test_poisson_arrivals_keep_the_rate_over_workers_and_differ_between_them():
+    poisson = spec("load.mode=poisson", "load.rate=50")
+    streams = [np.array(list(itertools.islice(arrival_times(poisson, 0.0, index, 2), 2000))) for index in range(2)]
+    for times in streams:
+        assert np.all(np.diff(times) > 0)
+        assert np.mean(np.diff(times)) == pytest.approx(2 / 50, rel=0.1)  # λ/W each
+    assert not np.allclose(streams[0][:10], streams[1][:10])
+
+
+def test_ramp_up_spreads_this_process_users_evenly():
+    ramped = sender("load.mode=concurrency", "load.concurrency=8", "load.ramp_up_s=4", workers=2)
+    assert [ramped.start_delay() for _ in range(5)] == [0.0, 1.0, 2.0, 3.0, 0.0]
+    assert sender("load.mode=concurrency", "load.concurrency=8").start_delay() == 0.0
+
+
+def rejected_record() -> RequestRecord:
+    return RequestRecord(request_id="x", worker=0, scheduled_s=0.0, outcome="http_error", status=401)
+
+
+def test_rejections_back_off_doubling_up_to_the_cap_and_reset_on_anything_else(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(run.time, "time", lambda: now[0])
+    load = sender("load.mode=concurrency", "load.concurrency=1")
+    waits = []
+    for _ in range(8):
+        load._note_rejection(rejected_record())
+        waits.append(load.pause_after(rejected_record()))
+        now[0] += waits[-1]
+    assert waits == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
+    load._note_rejection(RequestRecord(request_id="y", worker=0, scheduled_s=0.0, outcome="ok"))
+    load._note_rejection(rejected_record())
+    assert load.pause_after(rejected_record()) == pytest.approx(0.1)  # the streak starts over
+    assert load.pause_after(RequestRecord(request_id="z", worker=0, scheduled_s=0.0,
+                                          outcome="connection_error")) == run.RECONNECT_DELAY_S
+
+
+def test_a_report_is_a_delta_of_records_and_cumulative_counts_and_survives_the_wire():
+    load = sender("load.mode=poisson", "load.rate=5")
+    load._outbox.append(RequestRecord(request_id="a", worker=0, scheduled_s=1.0, itl_s=[0.1, 0.2], outcome="ok"))
+    load.started, load.refused, load._refused_s = 3, 1, [2.5]
+    first = load.report()
+    assert [r.request_id for r in first.records] == ["a"] and first.refused_s == [2.5] and not first.final
+    again = load.report(final=True)
+    assert again.records == [] and again.refused_s == [] and (again.started, again.refused) == (3, 1)
+    assert again.final
+    back = SenderReport.from_wire(first.to_wire())
+    assert back == first and back.records[0].itl_s == [0.1, 0.2]
