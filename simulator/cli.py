@@ -37,6 +37,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     serve.add_argument("--max-model-len", type=int, help="default: the profile's model context length")
     serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                       help="automatic prefix caching (default: on, as vLLM V1)")
     serve.add_argument("--api-key")
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument("--profile", default="h100-llama-3.1-8b",

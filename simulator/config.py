@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from batchscope.validation import first_error
 from simulator.cost import StepCostModel
 from simulator.engine import EngineCore, SchedulerLimits
+from simulator.frontend import FrontEnd
 from simulator.memory import KvCachePlan, plan_kv_cache
 from simulator.profile import Profile, load_profile
 
@@ -32,6 +33,7 @@ class ServeConfig(BaseModel):
     )
     max_model_len: int | None = Field(None, gt=0, description="Prompt + output limit; defaults to the profile's.")
     block_size: BlockSize = Field(16, description="Tokens per KV cache block.")
+    enable_prefix_caching: bool = Field(True, description="Automatic prefix caching, on by default as in vLLM V1.")
     # SecretStr: a repr, a dump or a log line of the config shows the key as stars, never its value
     api_key: SecretStr | None = Field(None, description="If set, /v1 routes require 'Authorization: Bearer <key>'.")
     seed: int = Field(0, ge=0, description="Seed for EOS draws, output tokens and fault injection.")
@@ -105,9 +107,9 @@ class Deployment:
         )
 
     def new_engine(self) -> EngineCore:
-        return EngineCore(
-            self.limits(), StepCostModel(self.profile), self.profile.eos_probability, seed=self.config.seed
-        )
+        return EngineCore(self.limits(), StepCostModel(self.profile), self.profile.eos_probability,
+                          seed=self.config.seed, enable_prefix_caching=self.config.enable_prefix_caching,
+                          frontend=FrontEnd.of(self.profile))
 
 
 def _check_ground_truth_log(path: str | None) -> None:

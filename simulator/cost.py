@@ -5,7 +5,8 @@ and its memory traffic, as Vidur and BLIS do in their analytic modes):
 - the linear layers: 2 x matmul_params FLOPs per scheduled token, against reading the weights once;
 - attention: FLOPs for each new token over its context, against reading the KV cache of every scheduled
   request. Decode attention is memory-bound, so every step pays for the KV of every running request.
-Plus a fixed per-step overhead. The profile's efficiency factors are fitted to measured vLLM figures.
+Plus a fixed per-step overhead and a CPU cost per scheduled request. The profile's efficiency factors are
+fitted to measured vLLM figures.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class StepCostModel:
 
     def __init__(self, profile: Profile) -> None:
         self._overhead = profile.step_overhead_s
+        self._per_request = profile.step_per_request_s
         self._flops_per_token = 2.0 * profile.matmul_params
         self._attn_flops = profile.attention_flops_per_token_pair
         self._flops_rate = profile.peak_flops * profile.compute_efficiency
@@ -35,4 +37,4 @@ class StepCostModel:
         linear = max(self._flops_per_token * total_new / self._flops_rate, self._weight_bytes / self._byte_rate)
         kv_read = self._kv_bytes * float((context + new_tokens).sum())
         attention = max(self._attn_flops * pairs / self._flops_rate, kv_read / self._byte_rate)
-        return self._overhead + linear + attention
+        return self._overhead + self._per_request * new_tokens.size + linear + attention

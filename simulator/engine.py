@@ -5,6 +5,8 @@ vLLM's ``Scheduler.schedule()`` does (running requests first, then waiting ones 
 max_num_seqs run, chunked prefill within max_num_batched_tokens, KV blocks allocated for the scheduled tokens
 only, the newest running request preempted when a block is missing) and prices it with the cost model.
 ``complete(step, now)`` applies the step's results at its end: computed tokens, sampled tokens, finishes.
+With automatic prefix caching on (``prefix_cache``), a request admitted from the queue starts with the tokens
+of its leading cached blocks computed, as vLLM's ``get_computed_blocks`` gives them.
 
 Per-request state lives in numpy columns indexed by a slot number (``SlotTable``), so a step over hundreds of
 decoding requests is a handful of vector operations; this is what lets the virtual clock run far faster than
@@ -13,6 +15,7 @@ real time.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -20,6 +23,8 @@ import numpy as np
 
 from simulator.cost import StepCostModel
 from simulator.finish import REASON_LENGTH, REASON_NAMES, REASON_STOP
+from simulator.frontend import FrontEnd
+from simulator.prefix_cache import PrefixCache, RequestBlocks, free_request, lookup, register_prompt_blocks
 from simulator.slots import ABORTED, FINISHED, FREE, RUNNING, WAITING, SlotTable
 from simulator.stats import EngineStats
 
@@ -61,15 +66,21 @@ class StepOutput:
 class EngineCore:
     """Requests in, steps out. Slots are reused after a request ends; callers map slots to their requests."""
 
-    def __init__(self, limits: SchedulerLimits, cost: StepCostModel, eos_probability: float, seed: int = 0):
+    def __init__(self, limits: SchedulerLimits, cost: StepCostModel, eos_probability: float, seed: int = 0,
+                 enable_prefix_caching: bool = False, frontend: FrontEnd | None = None):
         self.limits = limits
+        # not used by the core: the latencies its drivers add outside the step, kept with it so both agree
+        self.frontend = frontend or FrontEnd()
         self.stats = EngineStats(limits.max_model_len)
         self._cost = cost
         self._eos_probability = eos_probability
         self._rng = np.random.default_rng(seed)
         # vLLM reserves one null block, so usage is measured against num_gpu_blocks - 1
         self.usable_blocks = limits.num_gpu_blocks - 1
-        self.free_blocks = self.usable_blocks
+        self._free_count = self.usable_blocks  # without prefix caching, free blocks are only counted
+        self.prefix_cache = PrefixCache(self.usable_blocks) if enable_prefix_caching else None
+        self._cached: dict[int, RequestBlocks] = {}  # slot -> its cache view, with prefix caching on
+        self._uids = itertools.count()
         self._waiting: deque[int] = deque()
         self._running = np.zeros(0, dtype=np.int64)
         self._free_slots: list[int] = []
@@ -86,9 +97,14 @@ class EngineCore:
         self._free_slots.extend(range(capacity - 1, old - 1, -1))
 
     def add_request(
-        self, now: float, prompt_len: int, max_tokens: int, ignore_eos: bool = True, min_tokens: int = 0
+        self, now: float, prompt_len: int, max_tokens: int, ignore_eos: bool = True, min_tokens: int = 0,
+        prompt_hashes: list[int] | None = None,
     ) -> int:
-        """Queue a request that arrived at ``now``; return its slot. The caller validated the lengths."""
+        """Queue a request that arrived at ``now``; return its slot. The caller validated the lengths.
+
+        ``prompt_hashes``: ``prefix_cache.block_hashes`` of its prompt token ids, so equal prefixes can share
+        cached blocks; without them its blocks can be hit only by itself, after a preemption.
+        """
         if not self._free_slots:
             self._grow(self.slots.capacity * 2)
         slot = self._free_slots.pop()
@@ -106,6 +122,8 @@ class EngineCore:
         self.slots.first_token[slot] = np.nan
         self.slots.last_token[slot] = np.nan
         self.slots.state[slot] = WAITING
+        if self.prefix_cache is not None:
+            self._cached[slot] = RequestBlocks(next(self._uids), list(prompt_hashes or ()))
         self._waiting.append(slot)
         return slot
 
@@ -127,12 +145,52 @@ class EngineCore:
     def _release_slots(self) -> None:
         for slot in self._pending_release:
             self.slots.state[slot] = FREE
+            self._cached.pop(slot, None)
         self._free_slots.extend(self._pending_release)
         self._pending_release.clear()
 
-    def _release_blocks(self, slots: np.ndarray) -> None:
-        self.free_blocks += int(self.slots.num_blocks[slots].sum())
+    # ----- KV blocks -----------------------------------------------------------------------------------
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks in the free queue; cached blocks no request uses count as free, as in vLLM."""
+        return self._free_count if self.prefix_cache is None else self.prefix_cache.free_blocks
+
+    def _take_blocks(self, count: int) -> None:
+        if self.prefix_cache is None:
+            self._free_count -= count
+        else:
+            self.prefix_cache.take(count)
+
+    def _release_blocks(self, slots: np.ndarray, preempted: bool = False) -> None:
+        if self.prefix_cache is None:
+            self._free_count += int(self.slots.num_blocks[slots].sum())
+        else:
+            size = self.limits.block_size
+            for slot in slots.tolist():
+                free_request(self.prefix_cache, self._cached[slot], int(self.slots.num_blocks[slot]),
+                             int(self.slots.num_computed[slot]) // size, keep_own=preempted)
         self.slots.num_blocks[slots] = 0
+
+    def _cache_hits(self, slot: int) -> list[int]:
+        """The leading cached blocks a request being admitted can reuse; counted as vLLM's prefix cache stats."""
+        if self.prefix_cache is None:
+            return []
+        num_tokens = int(self.slots.prompt_len[slot] + self.slots.num_output[slot])
+        # the last token is always recomputed, so a full hit still leaves one token to schedule (vLLM)
+        hits = lookup(self.prefix_cache, self._cached[slot], (num_tokens - 1) // self.limits.block_size)
+        self.stats.record_prefix_cache(num_tokens, len(hits) * self.limits.block_size)
+        return hits
+
+    def _register(self, chosen: np.ndarray, granted: np.ndarray) -> None:
+        """Cache the full prompt blocks just scheduled for requests still in their prefill."""
+        if self.prefix_cache is None:
+            return
+        covered = np.minimum(self.slots.num_computed[chosen] + granted, self.slots.prompt_len[chosen])
+        prefilling = self.slots.num_computed[chosen] < self.slots.prompt_len[chosen]
+        size = self.limits.block_size
+        for slot, tokens in zip(chosen[prefilling].tolist(), covered[prefilling].tolist(), strict=True):
+            register_prompt_blocks(self.prefix_cache, self._cached[slot], tokens // size)
 
     # ----- scheduling ----------------------------------------------------------------------------------
 
@@ -209,14 +267,15 @@ class EngineCore:
         if chosen.size == 0:
             return
         self.slots.num_blocks[chosen] += blocks
-        self.free_blocks -= int(blocks.sum())
+        self._take_blocks(int(blocks.sum()))
+        self._register(chosen, granted)
         parts.append(chosen)
         counts.append(granted)
 
     def _preempt(self, slot: int) -> None:
         """Recompute-style preemption: free everything, forget computed tokens, go to the queue's front."""
         self._running = self._running[:-1]
-        self._release_blocks(np.array([slot]))
+        self._release_blocks(np.array([slot]), preempted=True)
         self.slots.num_computed[slot] = 0
         self.slots.preemptions[slot] += 1
         self.stats.num_preemptions += 1
@@ -230,13 +289,22 @@ class EngineCore:
         room = self.limits.max_num_seqs - self._running.size
         while self._waiting and budget > 0 and len(admitted) < room:
             slot = self._waiting[0]
-            granted = min(int(self.slots.prompt_len[slot] + self.slots.num_output[slot]), budget)
-            blocks = -(-granted // size)
-            if blocks > self.free_blocks:
+            hits = self._cache_hits(slot)
+            computed = len(hits) * size
+            granted = min(int(self.slots.prompt_len[slot] + self.slots.num_output[slot]) - computed, budget)
+            blocks = -(-(computed + granted) // size) - len(hits)
+            # a hit on a free cached block takes it out of the free queue
+            evictable = self.prefix_cache.evictable(hits) if hits and self.prefix_cache is not None else 0
+            if blocks + evictable > self.free_blocks:
                 break  # head-of-line: waiting requests never preempt
             self._waiting.popleft()
-            self.slots.num_blocks[slot] = blocks
-            self.free_blocks -= blocks
+            if hits and self.prefix_cache is not None:
+                self.prefix_cache.touch(hits)
+                self._cached[slot].held = hits
+            self._take_blocks(blocks)
+            self.slots.num_blocks[slot] = len(hits) + blocks
+            self.slots.num_computed[slot] = computed
+            self._register(np.array([slot]), np.array([granted]))
             self.slots.state[slot] = RUNNING
             if np.isnan(self.slots.first_scheduled[slot]):
                 self.slots.first_scheduled[slot] = now

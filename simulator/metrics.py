@@ -52,6 +52,8 @@ class VllmMetricsCollector(Collector):
         yield self._counter(catalogue.NUM_PREEMPTIONS, stats.num_preemptions)
         yield self._counter(catalogue.PROMPT_TOKENS, stats.prompt_tokens)
         yield self._counter(catalogue.GENERATION_TOKENS, stats.generation_tokens)
+        yield self._counter(catalogue.PREFIX_CACHE_QUERIES, stats.prefix_cache_queries)
+        yield self._counter(catalogue.PREFIX_CACHE_HITS, stats.prefix_cache_hits)
         success = CounterMetricFamily(catalogue.REQUEST_SUCCESS.name, catalogue.REQUEST_SUCCESS.help,
                                       labels=list(catalogue.REQUEST_SUCCESS.labels))
         for reason in FINISH_REASONS:

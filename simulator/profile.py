@@ -60,6 +60,16 @@ class Profile(BaseModel):
     compute_efficiency: float = Field(gt=0, le=1, description="Achieved fraction of peak_flops in matmuls.")
     bandwidth_efficiency: float = Field(gt=0, le=1, description="Achieved fraction of memory_bandwidth.")
     step_overhead_s: float = Field(ge=0, description="Fixed per-step cost: scheduling, launch, sampling, output.")
+    step_per_request_s: float = Field(
+        0.0, ge=0, description="Engine-core CPU per request in a step (input preparation, output serialisation)."
+    )
+    frontend_request_s: float = Field(
+        0.0, ge=0, description="API server's fixed cost before a request reaches the engine core, seconds."
+    )
+    frontend_input_token_s: float = Field(0.0, ge=0, description="Tokenization cost per prompt token, seconds.")
+    frontend_output_s: float = Field(
+        0.0, ge=0, description="From the end of a step to the token's write: hop back, detokenize, SSE, seconds."
+    )
     eos_probability: float = Field(
         0.002, ge=0, le=1, description="Chance per generated token of drawing EOS when ignore_eos is false."
     )

@@ -2,7 +2,9 @@
 
 Each step is scheduled now, slept until its end on the modelled timeline, then completed at the actual wake-up
 time, so a late wake-up shows up in the latencies as a slow engine would, without slowing the pace of the steps
-that follow. The lag (actual - modelled end) is kept for the benchmark and for /sim/stats.
+that follow. The lag (actual - modelled end) is kept for the benchmark and for /sim/stats. The profile's output
+path (``engine.frontend.output_s``) holds each step's tokens back that long before they are handed over, in
+step order, as the virtual clock shifts their times.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from simulator.engine import EngineCore, StepOutput
 from simulator.finish import REASON_NAMES
 
 RESYNC_S = 0.05
+# libuv timers have millisecond resolution and so fire half a millisecond late on average: waits for a fixed
+# latency aim that much early, so the mean latency is the modelled one
+TIMER_SLACK_S = 0.0005
+Delivery = tuple["RequestStream", int, str | None]  # a stream, its tokens produced so far, its finish reason
 DELIVERY_SLICE = 32
 
 
@@ -65,21 +71,30 @@ class RealtimeEngine:
         self._streams: dict[int, RequestStream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._output_s = engine.frontend.output_s
+        self._outbox: deque[tuple[float, list[Delivery]]] = deque()  # (when due, what), in step order
+        self._outbox_filled = asyncio.Event()
+        self._courier: asyncio.Task | None = None
         self.steps = 0
         self.tokens = 0
         self.step_lags: deque[float] = deque(maxlen=self.LAG_WINDOW)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="engine-loop")
+        if self._output_s > 0:
+            self._courier = loop.create_task(self._carry(), name="output-path")
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [task for task in (self._task, self._courier) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
-    def submit(self, prompt_len: int, max_tokens: int, ignore_eos: bool, min_tokens: int) -> RequestStream:
+    def submit(self, prompt_len: int, max_tokens: int, ignore_eos: bool, min_tokens: int,
+               prompt_hashes: list[int] | None = None) -> RequestStream:
         now = asyncio.get_running_loop().time()
-        slot = self.engine.add_request(now, prompt_len, max_tokens, ignore_eos, min_tokens)
+        slot = self.engine.add_request(now, prompt_len, max_tokens, ignore_eos, min_tokens, prompt_hashes)
         stream = RequestStream(slot)
         self._streams[slot] = stream
         self._wake.set()
@@ -112,17 +127,17 @@ class RealtimeEngine:
             await asyncio.sleep(max(target_end - loop.time(), 0.0))
             now = loop.time()
             self.step_lags.append(now - target_end)
-            await self._deliver(engine.complete(step, now))
+            deliveries = self._addressed(engine.complete(step, now))
+            if self._courier is None:
+                await self._deliver(deliveries)
+            else:
+                self._outbox.append((target_end + self._output_s, deliveries))
+                self._outbox_filled.set()
             self.steps += 1
             pace = target_end
 
-    async def _deliver(self, output: StepOutput) -> None:
-        """Hand each stream its new tokens, yielding to the event loop every few streams.
-
-        The streams are looked up before the first yield: a slot released by this step may be given to a new
-        request while we yield. The yields let the loop take in new requests during a large step's burst of
-        writes, instead of after it (that wait would be part of every TTFT).
-        """
+    def _addressed(self, output: StepOutput) -> list[Delivery]:
+        """Each stream's new tokens. Looked up at once: a slot this step released may go to a new request."""
         streams = self._streams
         finished = dict(zip(output.finished_slots.tolist(), output.finish_reasons.tolist(), strict=True))
         self.tokens += output.token_slots.size
@@ -132,10 +147,31 @@ class RealtimeEngine:
             stream = streams.pop(slot, None) if reason is not None else streams.get(slot)
             if stream is not None:
                 deliveries.append((stream, produced, None if reason is None else REASON_NAMES[reason]))
+        return deliveries
+
+    async def _deliver(self, deliveries: list[Delivery]) -> None:
+        """Hand each stream its new tokens, yielding to the event loop every few streams.
+
+        The yields let the loop take in new requests during a large step's burst of writes, instead of after
+        it (that wait would be part of every TTFT).
+        """
         for index, (stream, produced, reason) in enumerate(deliveries, start=1):
             stream._push(produced, reason)
             if index % DELIVERY_SLICE == 0:
                 await asyncio.sleep(0)
+
+    async def _carry(self) -> None:
+        """The output path: deliver each step's tokens when due, one step after another."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._outbox:
+                self._outbox_filled.clear()
+                await self._outbox_filled.wait()
+                continue
+            due, deliveries = self._outbox[0]
+            await asyncio.sleep(max(due - TIMER_SLACK_S - loop.time(), 0.0))
+            self._outbox.popleft()
+            await self._deliver(deliveries)
 
     def lag_summary(self) -> dict[str, float]:
         """Step lag percentiles over the recent window, seconds."""

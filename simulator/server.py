@@ -25,8 +25,9 @@ from simulator import protocol, responses
 from simulator.config import Deployment
 from simulator.faults import FaultInjector
 from simulator.metrics import VllmMetricsCollector
+from simulator.prefix_cache import block_hashes
 from simulator.protocol import ApiError, GenerationRequest
-from simulator.realtime import RealtimeEngine, RequestStream
+from simulator.realtime import TIMER_SLACK_S, RealtimeEngine, RequestStream
 from simulator.responses import SseFormatter, sse_tail
 from simulator.truth import GroundTruthLog, RequestTiming
 
@@ -58,7 +59,7 @@ class SimulatorServer:
         return {
             "block_size": str(self.config.block_size),
             "cache_dtype": "auto",
-            "enable_prefix_caching": "False",
+            "enable_prefix_caching": str(self.config.enable_prefix_caching),
             "gpu_memory_utilization": str(self.config.gpu_memory_utilization),
             "num_gpu_blocks": str(plan.num_gpu_blocks),
             "num_cpu_blocks": "0",
@@ -154,6 +155,7 @@ class SimulatorServer:
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         timing = RequestTiming(time.time(), request.headers.get("X-Request-Id"))
+        arrival = asyncio.get_running_loop().time()
         gen = protocol.generation_request(await _json_body(request), chat, self.served)
         faults = self._faults.draw(gen.stream, gen.max_tokens)
         if faults.error:
@@ -161,10 +163,13 @@ class SimulatorServer:
             self._ground_truth.write(gen, timing)
             raise ApiError(500, "Injected fault: internal server error.", "InternalServerError")
         if faults.stall:
-            await self._stall(gen, timing)
+            await self._hold(gen, timing, self._faults.stall())
+        hashes = block_hashes(gen.prompt_ids, self.config.block_size) if self.engine.prefix_cache is not None else None
+        # the profile's input path (parsing, tokenization, the hop to the engine core), counted from arrival
+        await self._hold(gen, timing, _until(arrival + self.engine.frontend.input_s(len(gen.prompt_ids))))
         request_id = responses.request_id(gen.chat)
         seed = next(self._request_seeds)
-        stream = self.realtime.submit(len(gen.prompt_ids), gen.max_tokens, gen.ignore_eos, gen.min_tokens)
+        stream = self.realtime.submit(len(gen.prompt_ids), gen.max_tokens, gen.ignore_eos, gen.min_tokens, hashes)
         try:
             if gen.stream:
                 return await self._stream(request, gen, stream, request_id, seed, faults.cut_after, timing)
@@ -175,10 +180,10 @@ class SimulatorServer:
                 timing.outcome = "cut" if timing.outcome == "cut" else "aborted"
             self._ground_truth.write(gen, timing, stream.produced, stream.finish_reason)
 
-    async def _stall(self, gen: GenerationRequest, timing: RequestTiming) -> None:
+    async def _hold(self, gen: GenerationRequest, timing: RequestTiming, wait: Awaitable[None]) -> None:
         """Hold the request; a client that gives up meanwhile is an abort, logged and counted as vLLM counts it."""
         try:
-            await self._faults.stall()
+            await wait
         except asyncio.CancelledError:  # aiohttp cancels the handler when its client disconnects
             timing.outcome = "aborted"
             self.engine.stats.record_aborted(1)
@@ -247,6 +252,12 @@ class _TokenSink:
             self.timing.outcome = "cut"
             self.transport.close()  # abrupt: no terminating chunk, no [DONE]
             self.done.set_result(False)
+
+
+async def _until(deadline: float) -> None:
+    loop = asyncio.get_running_loop()
+    if deadline - TIMER_SLACK_S > loop.time():
+        await asyncio.sleep(deadline - TIMER_SLACK_S - loop.time())
 
 
 def _json_response(body: object, status: int = 200) -> web.Response:

@@ -30,6 +30,8 @@ class EngineStats:
         self.num_preemptions = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.prefix_cache_queries = 0  # tokens looked up in the prefix cache
+        self.prefix_cache_hits = 0  # of those, tokens found cached
         self.request_success = dict.fromkeys(FINISH_REASONS, 0)
         self.iteration_tokens = Histogram(ITERATION_TOKEN_BUCKETS)
         self.time_to_first_token = Histogram(TTFT_BUCKETS)
@@ -82,6 +84,11 @@ class EngineStats:
         self.request_prompt_tokens.observe_many(prompt_tokens)
         self.request_generation_tokens.observe_many(generation_tokens)
         self.request_params_max_tokens.observe_many(max_tokens)
+
+    def record_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
+        """One lookup of a request being admitted (vLLM counts every lookup, a re-admission's too)."""
+        self.prefix_cache_queries += queried_tokens
+        self.prefix_cache_hits += hit_tokens
 
     def record_aborted(self, count: int) -> None:
         """Aborted requests are counted by reason only; their partial timings are not observed."""

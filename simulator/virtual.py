@@ -3,7 +3,9 @@
 Used by the tests and for what-if runs: hand it a workload (arrival times and lengths) and it steps the
 engine from event to event, never sleeping. ``run_virtual`` runs a fixed workload to its end; ``run_timed``
 runs a load that stops, as the load generator's does (closed-loop users with ``ClosedLoop``, or fixed arrivals
-with ``FixedArrivals``), cutting what is in flight at the stop.
+with ``FixedArrivals``), cutting what is in flight at the stop. The engine's front-end latencies
+(``engine.frontend``) apply as in the real-time server: a request reaches the engine after its input path, and
+the times recorded for its tokens include the output path; arrivals stay the client's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from simulator.engine import EngineCore, Step
 from simulator.finish import REASON_NAMES
+from simulator.prefix_cache import block_hashes
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class RequestSpec:
     max_tokens: int
     ignore_eos: bool = True
     min_tokens: int = 0
+    prompt_ids: tuple[int, ...] | None = None  # token ids, for prefix caching (None: a prompt nothing shares)
 
 
 @dataclass(frozen=True)
@@ -67,25 +71,33 @@ def poisson_workload(
     return [RequestSpec(float(t), prompt_len, max_tokens) for t in np.cumsum(gaps)]
 
 
+def add_to_engine(engine: EngineCore, spec: RequestSpec, now: float) -> int:
+    """Queue ``spec`` in ``engine`` at ``now`` (when its input path is done); return its slot."""
+    hashes = None
+    if spec.prompt_ids is not None and engine.prefix_cache is not None:
+        hashes = block_hashes(spec.prompt_ids, engine.limits.block_size)
+    return engine.add_request(now, spec.prompt_len, spec.max_tokens, spec.ignore_eos, spec.min_tokens, hashes)
+
+
 def run_virtual(engine: EngineCore, workload: Sequence[RequestSpec], max_steps: int = 5_000_000) -> SimulationResult:
     """Feed ``workload`` to ``engine`` at its arrival times and step until every request has finished."""
-    pending = sorted(range(len(workload)), key=lambda i: workload[i].arrival)
+    frontend = engine.frontend
+    reach = [spec.arrival + frontend.input_s(spec.prompt_len) for spec in workload]  # when the engine sees each
+    pending = sorted(range(len(workload)), key=lambda i: reach[i])
     slot_to_index: dict[int, int] = {}
     result = SimulationResult()
     now, next_arrival = 0.0, 0
     waiting_area = running_area = 0.0
     while result.steps < max_steps:
-        while next_arrival < len(pending) and workload[pending[next_arrival]].arrival <= now:
+        while next_arrival < len(pending) and reach[pending[next_arrival]] <= now:
             index = pending[next_arrival]
-            spec = workload[index]
-            slot = engine.add_request(spec.arrival, spec.prompt_len, spec.max_tokens, spec.ignore_eos, spec.min_tokens)
-            slot_to_index[slot] = index
+            slot_to_index[add_to_engine(engine, workload[index], reach[index])] = index
             next_arrival += 1
         step = engine.schedule(now)
         if step is None:
             if next_arrival == len(pending):
                 break
-            now = workload[pending[next_arrival]].arrival
+            now = reach[pending[next_arrival]]
             continue
         result.max_waiting = max(result.max_waiting, engine.num_waiting)
         waiting_area += engine.num_waiting * (step.end - step.start)
@@ -95,7 +107,8 @@ def run_virtual(engine: EngineCore, workload: Sequence[RequestSpec], max_steps: 
         result.steps += 1
         now = step.end
         for slot, reason in zip(output.finished_slots.tolist(), output.finish_reasons.tolist(), strict=True):
-            result.records.append(_record(engine, slot, slot_to_index.pop(slot), reason))
+            index = slot_to_index.pop(slot)
+            result.records.append(_record(engine, slot, index, workload[index].arrival, reason))
     else:
         raise RuntimeError(f"virtual run did not finish within max_steps={max_steps}")
     result.duration = now
@@ -105,15 +118,16 @@ def run_virtual(engine: EngineCore, workload: Sequence[RequestSpec], max_steps: 
     return result
 
 
-def _record(engine: EngineCore, slot: int, index: int, reason: int) -> RequestRecord:
+def _record(engine: EngineCore, slot: int, index: int, arrival: float, reason: int) -> RequestRecord:
     # read right after complete(): the slot is released but not reused before the next add_request
     slots = engine.slots
+    output_s = engine.frontend.output_s
     return RequestRecord(
         index=index,
-        arrival=float(slots.arrival[slot]),
+        arrival=arrival,
         first_scheduled=float(slots.first_scheduled[slot]),
-        first_token=float(slots.first_token[slot]),
-        finished=float(slots.last_token[slot]),
+        first_token=float(slots.first_token[slot]) + output_s,
+        finished=float(slots.last_token[slot]) + output_s,
         prompt_tokens=int(slots.prompt_len[slot]),
         output_tokens=int(slots.num_output[slot]),
         finish_reason=REASON_NAMES[reason],
@@ -204,27 +218,34 @@ def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf,
     (the batch it runs with), before its results apply. Token gaps are kept for every finished request.
     """
     result = TimedResult(stop=stop)
+    frontend = engine.frontend
     slot_to_index: dict[int, int] = {}
+    transit: list[tuple[float, int, RequestSpec]] = []  # sent, on their input path: (reaches engine, index, spec)
     gap_index: list[np.ndarray] = []
     gap_value: list[np.ndarray] = []
+    arrivals: dict[int, float] = {}  # request index -> when its client sent it
     index_of = np.full(engine.slots.capacity, -1, dtype=np.int64)  # slot -> request index, for vectorised lookups
     now = waiting_area = running_area = 0.0
     while result.steps < max_steps:
         while source.next_time() <= now:
             spec = source.take()
-            if max_in_flight is not None and len(slot_to_index) >= max_in_flight:
+            if max_in_flight is not None and len(slot_to_index) + len(transit) >= max_in_flight:
                 result.refused += 1  # keeps its index; open loop only (a closed loop never exceeds its users)
                 continue
-            slot = engine.add_request(spec.arrival, spec.prompt_len, spec.max_tokens, spec.ignore_eos,
-                                      spec.min_tokens)
-            slot_to_index[slot] = result.issued + result.refused
+            index = result.issued + result.refused
+            arrivals[index] = spec.arrival
+            heapq.heappush(transit, (spec.arrival + frontend.input_s(spec.prompt_len), index, spec))
+            result.issued += 1
+        while transit and transit[0][0] <= now:
+            reach, index, spec = heapq.heappop(transit)
+            slot = add_to_engine(engine, spec, reach)
+            slot_to_index[slot] = index
             if slot >= index_of.size:
                 index_of = np.concatenate((index_of, np.full(max(slot + 1, engine.slots.capacity) - index_of.size, -1)))
-            index_of[slot] = slot_to_index[slot]
-            result.issued += 1
+            index_of[slot] = index
         step = engine.schedule(now)
         if step is None:
-            due = source.next_time()
+            due = min(source.next_time(), transit[0][0] if transit else math.inf)
             if due >= stop or due == math.inf:
                 now = stop if stop < math.inf else now  # idle to the stop: the run still lasted until then
                 break
@@ -249,11 +270,11 @@ def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf,
             gap_value.append(now - last_token[decoded])
         for slot, reason in zip(output.finished_slots.tolist(), output.finish_reasons.tolist(), strict=True):
             index = slot_to_index.pop(slot)
-            result.records.append(_record(engine, slot, index, reason))
-            source.finished(index, now)
+            result.records.append(_record(engine, slot, index, arrivals.pop(index), reason))
+            source.finished(index, now + frontend.output_s)  # when its client sees the last token
     else:
         raise RuntimeError(f"virtual run did not finish within max_steps={max_steps}")
-    result.cut = len(slot_to_index)
+    result.cut = len(slot_to_index) + len(transit)
     result.duration = now
     if now > 0:
         result.mean_waiting = waiting_area / now
