@@ -20,6 +20,7 @@ import promql_parser
 import pytest
 import yaml
 
+from batchscope.vllm_catalogue import CATALOGUE
 from tests.grafana.dashboard_queries import DASHBOARD_DIR, dashboard_queries, substitute
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,8 +33,9 @@ PROMETHEUS_UID = "prometheus"
 RATE_INTERVAL, RANGE, INTERVAL = timedelta(minutes=7, seconds=7), timedelta(minutes=9, seconds=9), timedelta(seconds=11)
 SENTINELS = {"rate_interval": "7m7s", "range_": "9m9s", "interval": "11s"}
 
-# Where each exported family is defined; prometheus_client adds these suffixes to counters and histograms.
-METRIC_SOURCES = ["simulator/metrics.py", "loadgen/metrics.py", "exporter/collector.py"]
+# Where each exported family is defined (vLLM's in batchscope.vllm_catalogue); prometheus_client adds these
+# suffixes to counters and histograms.
+METRIC_SOURCES = ["loadgen/metrics.py", "exporter/collector.py"]
 SAMPLE_SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
 PROMETHEUS_BUILTINS = {"ALERTS", "ALERTS_FOR_STATE", "up"}
 
@@ -71,9 +73,10 @@ def _datasource_refs(node, found: list[dict]) -> list[dict]:
 
 def _known_metrics() -> set[str]:
     names: set[str] = set()
+    found = [metric.name for metric in CATALOGUE]
     for source in METRIC_SOURCES:
-        for name in re.findall(r'"((?:vllm:|batchscope_)[a-z0-9_:]+)"', (ROOT / source).read_text()):
-            names.update(name + suffix for suffix in SAMPLE_SUFFIXES)
+        found += re.findall(r'"((?:vllm:|batchscope_)[a-z0-9_:]+)"', (ROOT / source).read_text())
+    names.update(name + suffix for name in found for suffix in SAMPLE_SUFFIXES)
     for rules in (ROOT / "prometheus" / "rules").glob("*.yml"):
         for group in yaml.safe_load(rules.read_text())["groups"]:
             names.update(rule["record"] for rule in group["rules"] if "record" in rule)
