@@ -5,13 +5,16 @@ engine from event to event, never sleeping. ``run_virtual`` runs a fixed workloa
 runs a load that stops, as the load generator's does (closed-loop users with ``ClosedLoop``, or fixed arrivals
 with ``FixedArrivals``), cutting what is in flight at the stop. The engine's front-end latencies
 (``engine.frontend``) apply as in the real-time server: a request reaches the engine after its input path, and
-the times recorded for its tokens include the output path; arrivals stay the client's.
+the times recorded for its tokens include the output path; arrivals stay the client's. A timed run counts a
+request in flight, as its client does, from when it is sent until its last token has come back through the
+output path.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -80,7 +83,7 @@ def add_to_engine(engine: EngineCore, spec: RequestSpec, now: float) -> int:
 
 
 def run_virtual(engine: EngineCore, workload: Sequence[RequestSpec], max_steps: int = 5_000_000) -> SimulationResult:
-    """Feed ``workload`` to ``engine`` at its arrival times and step until every request has finished."""
+    """Feed ``workload`` to ``engine`` at its arrival times and step until every request is back at its client."""
     frontend = engine.frontend
     reach = [spec.arrival + frontend.input_s(spec.prompt_len) for spec in workload]  # when the engine sees each
     pending = sorted(range(len(workload)), key=lambda i: reach[i])
@@ -111,6 +114,7 @@ def run_virtual(engine: EngineCore, workload: Sequence[RequestSpec], max_steps: 
             result.records.append(_record(engine, slot, index, workload[index].arrival, reason))
     else:
         raise RuntimeError(f"virtual run did not finish within max_steps={max_steps}")
+    now = max([now] + [record.finished for record in result.records])  # the last token's way back to its client
     result.duration = now
     if now > 0:
         result.mean_waiting = waiting_area / now
@@ -170,6 +174,7 @@ class ClosedLoop:
         self._due: list[tuple[float, int]] = [(u * ramp_up_s / users, u) for u in range(users)]
         heapq.heapify(self._due)
         self._user_of: list[int] = []  # request index -> user
+        self.in_flight = 0  # users whose request is out: sent, and its last token not yet back
 
     def next_time(self) -> float:
         moment = self._due[0][0] if self._due else math.inf
@@ -178,9 +183,11 @@ class ClosedLoop:
     def take(self) -> RequestSpec:
         moment, user = heapq.heappop(self._due)
         self._user_of.append(user)
+        self.in_flight += 1
         return RequestSpec(moment, *self._template)
 
     def finished(self, index: int, now: float) -> None:
+        self.in_flight -= 1
         heapq.heappush(self._due, (now, self._user_of[index]))
 
 
@@ -191,7 +198,7 @@ class ArrivalSource(Protocol):
 
     def take(self) -> RequestSpec: ...
 
-    def finished(self, index: int, now: float) -> None: ...
+    def finished(self, index: int, now: float) -> None: ...  # request ``index``'s last token reached its client
 
 
 StepObserver = Callable[[EngineCore, Step], None]
@@ -204,32 +211,38 @@ class TimedResult(SimulationResult):
     stop: float = math.inf
     issued: int = 0
     refused: int = 0  # arrivals not sent: max_in_flight requests were already in flight
-    cut: int = 0  # in flight at the stop (the load generator aborts them)
+    cut: int = 0  # in flight at the stop, on the front end's paths or in the engine (the load generator aborts them)
     gaps: dict[int, np.ndarray] = field(default_factory=dict)  # request index -> its inter-token gaps, seconds
 
 
 def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf, *,
               max_in_flight: int | None = None, on_step: StepObserver | None = None,
               max_steps: int = 5_000_000) -> TimedResult:
-    """Step ``engine`` under ``source`` until ``stop``, or until idle with nothing due (stop = inf).
+    """Step ``engine`` under ``source`` until ``stop``, or, with no stop, until every request is back.
 
     At ``stop`` the run ends as the load generator's does: the step running then never delivers and the
-    requests in flight are cut (counted, not recorded). ``on_step`` sees each step right after it is scheduled
-    (the batch it runs with), before its results apply. Token gaps are kept for every finished request.
+    requests in flight are cut (counted, not recorded). A request is recorded, and its source told, when its
+    last token reaches the client (after the output path). ``on_step`` sees each step right after it is
+    scheduled (the batch it runs with), before its results apply. Token gaps are kept for every finished request.
     """
     result = TimedResult(stop=stop)
     frontend = engine.frontend
     slot_to_index: dict[int, int] = {}
     transit: list[tuple[float, int, RequestSpec]] = []  # sent, on their input path: (reaches engine, index, spec)
+    returning: deque[RequestRecord] = deque()  # done in the engine, last token on its output path (FIFO by end)
     gap_index: list[np.ndarray] = []
     gap_value: list[np.ndarray] = []
     arrivals: dict[int, float] = {}  # request index -> when its client sent it
     index_of = np.full(engine.slots.capacity, -1, dtype=np.int64)  # slot -> request index, for vectorised lookups
     now = waiting_area = running_area = 0.0
     while result.steps < max_steps:
+        while returning and returning[0].finished <= now:
+            record = returning.popleft()
+            result.records.append(record)
+            source.finished(record.index, record.finished)
         while source.next_time() <= now:
             spec = source.take()
-            if max_in_flight is not None and len(slot_to_index) + len(transit) >= max_in_flight:
+            if max_in_flight is not None and len(slot_to_index) + len(transit) + len(returning) >= max_in_flight:
                 result.refused += 1  # keeps its index; open loop only (a closed loop never exceeds its users)
                 continue
             index = result.issued + result.refused
@@ -245,7 +258,8 @@ def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf,
             index_of[slot] = index
         step = engine.schedule(now)
         if step is None:
-            due = min(source.next_time(), transit[0][0] if transit else math.inf)
+            due = min(source.next_time(), transit[0][0] if transit else math.inf,
+                      returning[0].finished if returning else math.inf)
             if due >= stop or due == math.inf:
                 now = stop if stop < math.inf else now  # idle to the stop: the run still lasted until then
                 break
@@ -270,11 +284,12 @@ def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf,
             gap_value.append(now - last_token[decoded])
         for slot, reason in zip(output.finished_slots.tolist(), output.finish_reasons.tolist(), strict=True):
             index = slot_to_index.pop(slot)
-            result.records.append(_record(engine, slot, index, arrivals.pop(index), reason))
-            source.finished(index, now + frontend.output_s)  # when its client sees the last token
+            returning.append(_record(engine, slot, index, arrivals.pop(index), reason))
     else:
         raise RuntimeError(f"virtual run did not finish within max_steps={max_steps}")
-    result.cut = len(slot_to_index) + len(transit)
+    back = [record for record in returning if record.finished <= now]  # came back while the last step ran
+    result.records.extend(back)
+    result.cut = len(slot_to_index) + len(transit) + len(returning) - len(back)
     result.duration = now
     if now > 0:
         result.mean_waiting = waiting_area / now

@@ -17,15 +17,19 @@ def engine_for(**flags) -> EngineCore:
 
 def test_closed_loop_keeps_exactly_n_in_flight_and_obeys_littles_law() -> None:
     users, ramp_up, warmup, stop = 32, 2.0, 10.0, 40.0
+    loop = ClosedLoop(users, 512, 64, ramp_up_s=ramp_up, issue_until=stop)
     in_flight: list[int] = []
+    in_engine: list[int] = []
 
     def watch(engine: EngineCore, step: Step) -> None:
         if step.start >= ramp_up:
-            in_flight.append(engine.num_running + engine.num_waiting)
+            in_flight.append(loop.in_flight)
+            in_engine.append(engine.num_running + engine.num_waiting)
 
-    run = run_timed(engine_for(), ClosedLoop(users, 512, 64, ramp_up_s=ramp_up, issue_until=stop), stop,
-                    on_step=watch)
+    run = run_timed(engine_for(), loop, stop, on_step=watch)
+    # as its client counts: a request on the front end's input or output path is in flight too
     assert in_flight and set(in_flight) == {users}, "every step after the ramp-up runs with exactly N in flight"
+    assert max(in_engine) <= users and min(in_engine) < users, "some are on the front end's paths, never more"
     assert run.cut == users, "the stop cuts one request per user"
     ended = [r for r in run.records if warmup <= r.finished <= stop]
     throughput = len(ended) / (stop - warmup)
