@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from batchscope.cli import main
+
 SECRET = "sk-never-echo-4242"
 NO_SERVER = "http://127.0.0.1:9"  # never contacted: the input is refused first
 
@@ -50,22 +52,35 @@ def run(args: list[str], env: dict[str, str], cwd) -> subprocess.CompletedProces
                           timeout=30, env={**environ, **env}, cwd=cwd)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_bad_input_gets_one_line_naming_the_flag_or_variable(tmp_path, case):
+def run_in_process(args: list[str], env: dict[str, str], cwd, monkeypatch, capsys) -> tuple[int, str]:
+    """The console script's main in this process (no interpreter start per case): exit status and output."""
+    for name in [k for k in os.environ if k.startswith("BATCHSCOPE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(cwd)
+    try:
+        code = main(args)
+    except SystemExit as stopped:  # argparse's own errors
+        code = stopped.code if isinstance(stopped.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def arguments(case: str, tmp_path, busy_port: int) -> tuple[list[str], dict[str, str], str]:
     args, env, name = CASES[case]
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        replace = {"BUSY": str(busy.getsockname()[1]), "MISSING": str(tmp_path / "no-such-file")}
-        args = [replace.get(a, a) for a in args]
-        env = {k: replace.get(v, v) for k, v in env.items()}
-        if "--vllm-url" not in args and "BATCHSCOPE_VLLM_URL" not in env:
-            args += ["--vllm-url", NO_SERVER]
-        if "--port" not in args and "BATCHSCOPE_PORT" not in env:
-            args += ["--port", "0"]
-        result = run(["exporter", *args], {**SECRETS_ENV, **env}, tmp_path)
-    output = result.stdout + result.stderr
-    assert result.returncode == 2, output
+    replace = {"BUSY": str(busy_port), "MISSING": str(tmp_path / "no-such-file")}
+    args = [replace.get(a, a) for a in args]
+    env = {k: replace.get(v, v) for k, v in env.items()}
+    if "--vllm-url" not in args and "BATCHSCOPE_VLLM_URL" not in env:
+        args += ["--vllm-url", NO_SERVER]
+    if "--port" not in args and "BATCHSCOPE_PORT" not in env:
+        args += ["--port", "0"]
+    return ["exporter", *args], {**SECRETS_ENV, **env}, name
+
+
+def assert_one_line_naming(code: int, output: str, name: str) -> None:
+    assert code == 2, output
     assert "Traceback" not in output
     lines = output.strip().splitlines()
     assert 1 <= len(lines) <= 2 and all(len(line) <= 200 for line in lines), lines
@@ -73,15 +88,46 @@ def test_bad_input_gets_one_line_naming_the_flag_or_variable(tmp_path, case):
     assert SECRET not in output
 
 
+@pytest.fixture
+def busy_port():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        yield busy.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_gets_one_line_naming_the_flag_or_variable(tmp_path, busy_port, monkeypatch, capsys, case):
+    args, env, name = arguments(case, tmp_path, busy_port)
+    assert_one_line_naming(*run_in_process(args, env, tmp_path, monkeypatch, capsys), name)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("case", ["port busy", "env port not a number"])
+def test_the_console_script_reports_bad_input_the_same_way(tmp_path, busy_port, case):
+    args, env, name = arguments(case, tmp_path, busy_port)
+    result = run(args, env, tmp_path)
+    assert_one_line_naming(result.returncode, result.stdout + result.stderr, name)
+
+
 @pytest.mark.parametrize("command", [["--help"], ["sim", "serve", "--help"], ["load", "--help"],
                                      ["exporter", "--help"], ["tune", "--help"]])
-def test_a_malformed_variable_leaves_help_and_the_other_subcommands_alone(tmp_path, command):
-    result = run(command, {"BATCHSCOPE_PORT": "abc", "BATCHSCOPE_SCRAPE_TIMEOUT_S": "x"}, tmp_path)
+def test_a_malformed_variable_leaves_help_and_the_other_subcommands_alone(tmp_path, monkeypatch, capsys, command):
+    code, output = run_in_process(command, {"BATCHSCOPE_PORT": "abc", "BATCHSCOPE_SCRAPE_TIMEOUT_S": "x"},
+                                  tmp_path, monkeypatch, capsys)
+    assert code == 0, output
+    assert output.startswith("usage: batchscope")
+
+
+@pytest.mark.e2e
+def test_the_console_scripts_help_ignores_a_malformed_variable(tmp_path):
+    result = run(["exporter", "--help"], {"BATCHSCOPE_PORT": "abc", "BATCHSCOPE_SCRAPE_TIMEOUT_S": "x"}, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: batchscope") and not result.stderr
 
 
-def test_a_malformed_variable_leaves_another_subcommands_errors_its_own(tmp_path):
-    result = run(["sim", "serve", "m", "--seed", "-1"], {"BATCHSCOPE_PORT": "abc"}, tmp_path)
-    assert result.returncode == 2 and "BATCHSCOPE_PORT" not in result.stderr
-    assert result.stderr.startswith("batchscope sim serve: error:")
+def test_a_malformed_variable_leaves_another_subcommands_errors_its_own(tmp_path, monkeypatch, capsys):
+    code, output = run_in_process(["sim", "serve", "m", "--seed", "-1"], {"BATCHSCOPE_PORT": "abc"}, tmp_path,
+                                  monkeypatch, capsys)
+    assert code == 2 and "BATCHSCOPE_PORT" not in output
+    assert output.startswith("batchscope sim serve: error:")
