@@ -136,6 +136,7 @@ def test_the_docker_backend_recreates_the_container_with_the_new_flags(engine, t
     assert any(r.path.startswith("/v1.43/containers/beef/stop") for r in engine.requests)
 
 
+@pytest.mark.e2e
 def test_the_command_backend_runs_the_simulator_as_its_command(tmp_path):
     port = free_port()
     template = shlex.quote(sys.executable) + " -m batchscope.cli sim serve {model} --port {port} {flags} " \
@@ -158,6 +159,7 @@ def test_the_command_backend_runs_the_simulator_as_its_command(tmp_path):
         requests.get(started.url + "/health", timeout=2)
 
 
+@pytest.mark.e2e
 def test_a_server_that_refuses_to_start_is_one_line_with_the_log_tail(tmp_path):
     server = SimulatorServer(SimulatorBackend(profile="tiny"))
     params = ServingParams(model="sim-model", max_model_len=1024, gpu_memory_utilization=0.05)

@@ -6,10 +6,14 @@ from __future__ import annotations
 import shlex
 import sys
 
+import pytest
+
 from tests.conftest import free_port
 from tests.tuner.support import run_files, tiny_plan, tune, write_plan
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_a_refused_start_is_recorded_and_the_plan_goes_on(tmp_path):
     template = shlex.quote(sys.executable) + " -m batchscope.cli sim serve {model} --port {port} {flags} " \
         "--profile tiny"

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.tuner.support import run_files, tune, write_plan
@@ -16,6 +17,8 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "one-knob.yaml"
 SETTINGS = {"baseline", "mnbt-1024", "mnbt-8192", "mns-32", "gmu-0.25"}
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_the_one_knob_example_shows_each_knobs_direction(tmp_path):
     plan = yaml.safe_load(EXAMPLE.read_text())
     plan.update(warmup_s=6, window_s=6)  # the warm-up covers the first round of 48 arrivals
@@ -27,6 +30,7 @@ def test_the_one_knob_example_shows_each_knobs_direction(tmp_path):
     assert "report: " in result.stdout
 
 
+@pytest.mark.e2e
 def test_the_what_if_run_of_the_same_plan_takes_seconds_and_agrees_in_direction(tmp_path):
     started = time.monotonic()
     result = tune(tmp_path, EXAMPLE, "--what-if", timeout_s=60)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import signal
 import socket
 
+import pytest
+
 from batchscope.cli import main
 from tests.conftest import wait_until
 from tests.tuner.support import kill_group, run_files, server_ports, start_tune, tiny_plan, tune, write_plan
@@ -19,6 +21,7 @@ def listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.mark.e2e
 def test_a_sigkilled_plan_resumes_with_no_run_lost_or_duplicated(tmp_path):
     plan_path = write_plan(tmp_path, tiny_plan(repeats=2))
     plan_dir = tmp_path / "results" / "tiny"
@@ -42,6 +45,7 @@ def test_a_sigkilled_plan_resumes_with_no_run_lost_or_duplicated(tmp_path):
     assert not [port for port in killed_ports | server_ports(plan_dir) if listening(port)]
 
 
+@pytest.mark.e2e
 def test_ctrl_c_stops_the_run_cleanly_and_resume_completes_the_plan(tmp_path):
     plan_path = write_plan(tmp_path, tiny_plan(window_s=4))
     plan_dir = tmp_path / "results" / "tiny"

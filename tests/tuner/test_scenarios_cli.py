@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from batchscope.cli import main
 from tests.tuner.support import tune, write_plan
 
 PLAN = {
@@ -17,6 +20,8 @@ PLAN = {
 }
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_the_server_scenario_brackets_a_rate_per_setting(tmp_path):
     result = tune(tmp_path, write_plan(tmp_path, PLAN), "--scenario", "server", "--what-if", "--start-rps", "4")
     assert result.returncode == 0, result.stderr
@@ -33,6 +38,7 @@ def test_the_server_scenario_brackets_a_rate_per_setting(tmp_path):
         (out / "baseline.json").read_text())["bracket_low_rps"]
 
 
+@pytest.mark.e2e
 def test_the_offline_scenario_reports_throughput(tmp_path):
     result = tune(tmp_path, write_plan(tmp_path, PLAN), "--scenario", "offline", "--what-if", "--requests", "200")
     assert result.returncode == 0, result.stderr
@@ -41,9 +47,10 @@ def test_the_offline_scenario_reports_throughput(tmp_path):
     assert offline["requests_per_s"] == offline["completed"] / offline["duration_s"] > 0
 
 
-def test_scenario_bounds_are_one_line_errors(tmp_path):
+@pytest.mark.parametrize(("flags", "field"), [(["--scenario", "server", "--start-rps", "0"], "--start-rps"),
+                                              (["--scenario", "offline", "--requests", "0"], "--requests")])
+def test_scenario_bounds_are_one_line_errors(tmp_path, capsys, flags, field):
     plan = write_plan(tmp_path, PLAN)
-    for flags, field in ((["--scenario", "server", "--start-rps", "0"], "--start-rps"),
-                         (["--scenario", "offline", "--requests", "0"], "--requests")):
-        result = tune(tmp_path, plan, *flags, "--what-if")
-        assert result.returncode == 2 and field in result.stderr and len(result.stderr.splitlines()) == 1
+    code = main(["tune", str(plan), "--results", str(tmp_path / "results"), *flags, "--what-if"])
+    err = capsys.readouterr().err
+    assert code == 2 and field in err and len(err.splitlines()) == 1

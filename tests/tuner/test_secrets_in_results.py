@@ -10,6 +10,7 @@ from tests.tuner.support import run_files, tiny_plan, tune, write_plan
 KEY = "sk-tuner-planted-4d1f"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["real-time", "what-if"])
 def test_the_key_authenticates_and_is_written_nowhere(tmp_path, mode):
     plan = tiny_plan(variations=[])
