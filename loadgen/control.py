@@ -9,7 +9,6 @@ with the same 4xx ends there: more of the same requests would only be rejected a
 
 from __future__ import annotations
 
-import gc
 import time
 from array import array
 from collections import deque
@@ -18,9 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import numpy as np
+
+from loadgen.figures import RunFigures
 from loadgen.metrics import ClientStats
 from loadgen.report import SenderReport
-from loadgen.request import RequestRecord, rejected
+from loadgen.request import RequestRecord
+from loadgen.saturation import SaturationMonitor
 from loadgen.spec import OfflineLoad, WorkloadSpec
 from loadgen.summary import Summary, summarize
 from loadgen.target import Target, build_target
@@ -51,10 +54,10 @@ class RunControl:
     request_stop: Callable[[], None]  # ask every sender to stop and send its final report
     sender_count: Callable[[], int]  # how many senders there are
     pull: Callable[[], None] | None = None  # local runner: fetch the in-process sender's report
-    stats: ClientStats = field(default_factory=ClientStats)
-    records: list[RequestRecord] = field(default_factory=list)
+    stats: ClientStats = field(default_factory=ClientStats)  # the live client metrics
+    figures: RunFigures = field(default_factory=RunFigures)  # the summary's and the LLM tab's
+    saturation: SaturationMonitor = field(default_factory=SaturationMonitor)
     refused_s: array = field(default_factory=lambda: array("d"))  # scheduled times of refused arrivals
-    rejections: dict[int, int] = field(default_factory=dict)  # finished requests per non-retryable 4xx status
     received: int = 0  # records reported so far, stored or still queued
     _incoming: deque[RequestRecord] = field(default_factory=deque)
     senders: dict[str, SenderState] = field(default_factory=dict)
@@ -86,14 +89,11 @@ class RunControl:
         if self._records_file is not None:
             self._records_file.write(record.to_json() + "\n")
         # a record arrives after its end, and one ending after an early stop arrives after the stop is set: the
-        # test is final when made, so the live histograms hold the summary's population
-        self.stats.observe(record, in_window=self.window().holds(record))
-        if rejected(record) and record.status is not None:
-            self.rejections[record.status] = self.rejections.get(record.status, 0) + 1
-        # kept for exact percentiles at the end: 4 bytes a gap (float32: sub-µs at these magnitudes) instead of
-        # a float object and a list slot, so a long local run grows by ~1 MB per 250k streamed tokens
-        record.itl_s = array("f", record.itl_s)
-        self.records.append(record)
+        # verdict is final when made, so the live figures hold the summary's population (loadgen/window.py)
+        window = self.window()
+        self.stats.observe(record, in_window=window.holds(record))
+        self.figures.add(record, window)  # the record itself is not kept: memory stays flat on long runs
+        self.saturation.note_lags(record.dispatch_lag_s, record.first_read_lag_s)
 
     def merge_report(self, sender: str, report: SenderReport) -> None:
         """A sender's delta: its new records (queued for drain()) and its cumulative counters."""
@@ -103,6 +103,8 @@ class RunControl:
         self.received += len(report.records)
         state.started, state.refused, state.in_flight = report.started, report.refused, report.in_flight
         state.final = state.final or report.final
+        if self.start_s is not None:
+            self.saturation.note_cpu(sender, report.at_s, report.cpu_s, self.window().start_s)
         self.stats.started = sum(s.started for s in self.senders.values())
         self.stats.refused = sum(s.refused for s in self.senders.values())
 
@@ -116,12 +118,8 @@ class RunControl:
         count = len(self._incoming) if limit is None else min(limit, len(self._incoming))
         for _ in range(count):
             self.accept(self._incoming.popleft())
-        if count and not self._incoming:
-            if self._records_file is not None:
-                self._records_file.flush()
-            # stored records live until the end: keep them out of every later full collection, whose pause
-            # would otherwise grow with the run
-            gc.freeze()
+        if count and not self._incoming and self._records_file is not None:
+            self._records_file.flush()
         return bool(self._incoming)
 
     @property
@@ -137,10 +135,9 @@ class RunControl:
 
     def rejected_from_start(self) -> int | None:
         """The 4xx status that each of the (at least FAIL_FAST_REQUESTS) requests finished so far got, if any."""
-        finished = self.stats.finished
-        if finished < FAIL_FAST_REQUESTS:
+        if self.stats.finished < FAIL_FAST_REQUESTS:
             return None
-        return next((status for status, count in self.rejections.items() if count == finished), None)
+        return self.figures.rejected_throughout()
 
     def should_end(self) -> bool:
         if self.rejected_from_start() is not None:
@@ -172,9 +169,10 @@ class RunControl:
         assert self.start_s is not None, "a run that began"
         self.drain()
         stop = self.stop_s or time.time()
-        return summarize(self.spec, self.records, run_id=self.run_id, host=self.host, start_s=self.start_s,
-                         stop_s=stop, started=self.stats.started, refused=self.stats.refused,
-                         refused_s=self.refused_s)
+        generator = self.saturation.over_run(np.asarray(self.figures.dispatch_lags),
+                                             np.asarray(self.figures.first_read_lags))
+        return summarize(self.spec, self.figures, self.stats, generator, run_id=self.run_id, host=self.host,
+                         start_s=self.start_s, stop_s=stop, refused_s=self.refused_s)
 
     def close(self) -> Summary | None:
         """Write summary.json (when an output directory is set) and return the summary."""

@@ -168,14 +168,30 @@ class Connection:
         return self._until_close()
 
     def _fill(self, want: int = RECV_SIZE) -> None:
-        """Read at most ``want`` bytes (at least one) into the buffer."""
+        """Read at most ``want`` (> 0) bytes, at least one, into the buffer; ``arrived_s`` becomes the kernel's
+        receive time of the data, not the time this greenlet got to read it.
+
+        A busy client reads late: timing chunks by the read would add its own scheduling delay to every TTFT
+        and ITL. For TCP the kernel stamps a read with the arrival of the last segment it returns. One method
+        for the read and its stamp: every token passes through here, and a call less per read counts.
+        """
         sock = self._sock
         if sock is None:
             raise StreamBroken("aborted" if self.aborted else "connection closed")
         # the socket's own timeout (timeout_s) catches a silent server; the deadline, checked after each read
         # (setting a fresh socket timeout per read costs a timer per token), a trickling one
         try:
-            data = self._receive(sock, min(max(want, 1), RECV_SIZE))
+            if self._stamped:
+                data, ancillary, _flags, _address = sock.recvmsg(want if want < RECV_SIZE else RECV_SIZE, 64)
+                # SO_TIMESTAMPNS is the only ancillary data asked for
+                if ancillary and len(ancillary[0][2]) >= TIMESPEC.size:
+                    seconds, nanoseconds = TIMESPEC.unpack_from(ancillary[0][2])
+                    arrived = seconds + nanoseconds * 1e-9
+                else:
+                    arrived = time.time()
+            else:
+                data = sock.recv(want if want < RECV_SIZE else RECV_SIZE)
+                arrived = time.time()
         except TimeoutError:
             raise Timeout(f"no response within {self.timeout_s} s") from None
         except Timeout:
@@ -184,27 +200,10 @@ class Connection:
             raise StreamBroken(f"connection error: {exc}") from None
         if not data:
             raise StreamBroken("connection closed by the server")
-        if self.deadline is not None and time.time() > self.deadline:
+        self.arrived_s = arrived
+        if self.deadline is not None and arrived > self.deadline:
             raise Timeout(f"no complete response within {self.timeout_s} s")
         self._buffer += data
-
-    def _receive(self, sock: socket.socket, size: int) -> bytes:
-        """One read; ``arrived_s`` becomes the kernel's receive time of the data, not when this greenlet ran.
-
-        A busy client reads late: timing chunks by the read would add its own scheduling delay to every TTFT
-        and ITL. For TCP the kernel stamps a read with the arrival of the last segment it returns.
-        """
-        if not self._stamped:
-            data = sock.recv(size)
-            self.arrived_s = time.time()
-            return data
-        data, ancillary, _flags, _address = sock.recvmsg(size, 64)
-        self.arrived_s = time.time()
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= TIMESPEC.size:
-                seconds, nanoseconds = TIMESPEC.unpack_from(payload)
-                self.arrived_s = min(seconds + nanoseconds * 1e-9, self.arrived_s)
-        return data
 
     def _sized(self, remaining: int, keep_alive: bool | None = None) -> Iterator[bytes]:
         """The next ``remaining`` bytes, in pieces as they arrive (a whole body when ``keep_alive`` is given)."""
@@ -219,25 +218,32 @@ class Connection:
 
     def _chunked(self, keep_alive: bool) -> Iterator[bytes]:
         while True:
-            while b"\r\n" not in self._buffer:
+            buffer = self._buffer
+            line_end = buffer.find(b"\r\n")
+            while line_end < 0:
                 self._fill(self._frame_hint)
-            size_line, self._buffer = self._buffer.split(b"\r\n", 1)
-            size = int(size_line.split(b";", 1)[0], 16)
+                buffer = self._buffer
+                line_end = buffer.find(b"\r\n")
+            size = _chunk_size(buffer[:line_end])
+            data_start = line_end + 2
+            frame_end = data_start + size + 2  # the chunk's data is followed by CRLF
+            self._frame_hint = frame_end
             if size == 0:
+                self._buffer = buffer[data_start:]
                 while b"\r\n" not in self._buffer:  # trailers are not used by the servers we target
                     self._fill()
                 self._buffer = self._buffer.split(b"\r\n", 1)[1]
                 self.reusable = keep_alive
                 return
-            if len(self._buffer) >= size:  # the usual case: the whole chunk is already here
-                piece, self._buffer = self._buffer[:size], self._buffer[size:]
-                yield piece
-            else:
-                yield from self._sized(size)  # what is here now: a chunk may span several reads
+            if len(buffer) >= frame_end:  # the usual case: the whole frame is already here
+                self._buffer = buffer[frame_end:]
+                yield buffer[data_start:frame_end - 2]
+                continue
+            self._buffer = buffer[data_start:]
+            yield from self._sized(size)  # what is here now: a chunk may span several reads
             while len(self._buffer) < 2:
                 self._fill(2 - len(self._buffer))
-            self._buffer = self._buffer[2:]  # CRLF after the chunk data
-            self._frame_hint = len(size_line) + size + 4
+            self._buffer = self._buffer[2:]
 
     def _until_close(self) -> Iterator[bytes]:
         if self._buffer:
@@ -250,6 +256,14 @@ class Connection:
                 return
             yield self._buffer
             self._buffer = b""
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size in a chunk's size line (hex digits, then maybe ';' and extensions)."""
+    try:
+        return int(line, 16)
+    except ValueError:
+        return int(line.split(b";", 1)[0], 16)
 
 
 def _enable_timestamps(sock: socket.socket) -> bool:

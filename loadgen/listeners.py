@@ -76,5 +76,5 @@ def client_registry(ctl: RunControl) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(ClientMetricsCollector(
         ctl.stats, in_flight=lambda: ctl.in_flight, run_id=ctl.run_id, scenario=ctl.spec.scenario,
-        spec_labels=lambda: workload_labels(ctl.spec), refresh=ctl.refresh))
+        spec_labels=lambda: workload_labels(ctl.spec), refresh=ctl.refresh, generator=ctl.saturation.live))
     return registry

@@ -8,10 +8,12 @@ here and a greenlet feeds them to Locust whenever the event loop is idle; ``flus
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
+from typing import Any
 
 import gevent
+import locust.stats
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSVFileWriter
 
 from loadgen.greenlets import work_when_idle
@@ -63,9 +65,29 @@ class DeferredRequestEvents:
                      context=context, exception=None)
         # a request event per gap would cost a seventh of the client's CPU: log the gaps into the ITL row
         # directly (not into Locust's "Aggregated" row, which would mix them with whole requests anyway)
-        log = self._environment.stats.get(self._name, "ITL").log
-        for gap in record.itl_s:
-            log(gap * 1000, 0)
+        log_many(self._environment.stats.get(self._name, "ITL"), [gap * 1000 for gap in record.itl_s])
+
+
+def log_many(entry: Any, values_ms: list[float]) -> None:
+    """``entry.log(value, 0)`` for each value, in one pass: the same fields, with Locust's own bucketing.
+
+    The first value goes through StatsEntry.log (the per-second count, the last-request time, the response-time
+    cache); the others add to the same second, as they would if logged within it. ``entry`` is a StatsEntry,
+    typed Any: Locust annotates its times as int, and its own request events log float milliseconds.
+    """
+    if not values_ms:
+        return
+    entry.log(values_ms[0], 0)
+    rest = values_ms[1:]
+    if not rest or entry.last_request_timestamp is None:
+        return
+    entry.num_requests += len(rest)
+    entry.num_reqs_per_sec[int(entry.last_request_timestamp)] += len(rest)
+    entry.total_response_time += sum(rest)
+    entry.min_response_time = min(entry.min_response_time or rest[0], min(rest))
+    entry.max_response_time = max(entry.max_response_time, max(rest))
+    for bucket, count in Counter(map(locust.stats.bucket_response_time, rest)).items():
+        entry.response_times[bucket] += count
 
 
 def take_over_csv(environment) -> Callable[[], None]:

@@ -6,14 +6,16 @@ views can be compared quantile for quantile. Names: ``batchscope_client_<what>_<
 ``scenario`` only.
 
 Populations: the latency histograms (TTFT, TPOT, ITL, E2E) hold the requests completed ok in the measurement
-window, as the summary and the LLM tab, so they stay empty during warm-up. The counters (requests by outcome,
-started, refused, tokens) and the dispatch-lag histogram count the whole run: ``started == sum(outcomes)`` must
-hold from the first request, and Prometheus' rate() picks its own window from counters anyway.
+window (loadgen/window.py), as the summary and the LLM tab, so they stay empty during warm-up. The counters
+(requests by outcome, started, refused, tokens) and the lag histograms (dispatch, first read) count the whole
+run: ``started == sum(outcomes)`` must hold from the first request, and Prometheus' rate() picks its own window
+from counters anyway. ``batchscope_client_saturated`` and ``batchscope_client_cpu_ratio`` are live
+(loadgen/saturation.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -22,6 +24,7 @@ from prometheus_client.registry import Collector
 from batchscope.histogram import Histogram, merged_bounds
 from batchscope.vllm_buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from loadgen.request import OUTCOMES, RequestRecord
+from loadgen.saturation import GeneratorLoad
 from loadgen.spec import WorkloadSpec
 
 DEFAULT_METRICS_PORT = 9646  # where the master (or local process) serves the merged client metrics
@@ -52,6 +55,10 @@ HISTOGRAMS = {
     "dispatch_lag": ("batchscope_client_dispatch_lag_seconds",
                      "Actual minus scheduled send time of each request: the load generator's own delay, seconds.",
                      DISPATCH_LAG),
+    "first_read_lag": ("batchscope_client_first_read_lag_seconds",
+                       "Time each request's first token waited in the socket before the load generator read it "
+                       "(read minus kernel receive time): its own delay, seconds.",
+                       DISPATCH_LAG),
 }
 
 
@@ -73,6 +80,8 @@ class ClientStats:
         self.output_tokens += record.output_tokens or 0
         if record.dispatch_lag_s is not None:
             self.histograms["dispatch_lag"].observe(record.dispatch_lag_s)
+        if record.first_read_lag_s is not None:
+            self.histograms["first_read_lag"].observe(record.first_read_lag_s)
         if record.outcome != "ok" or not in_window:
             return
         for name in ("ttft", "tpot", "e2e"):
@@ -87,10 +96,13 @@ class ClientStats:
 
 
 class ClientMetricsCollector(Collector):
-    """Exposes a ClientStats at scrape time; ``refresh``, ``in_flight`` and ``spec_labels`` are callables."""
+    """Exposes a ClientStats at scrape time; ``refresh``, ``in_flight``, ``spec_labels`` and ``generator`` (the
+    live saturation verdict, loadgen/saturation.py) are callables."""
 
-    def __init__(self, stats: ClientStats, in_flight, run_id: str, scenario: str, spec_labels, refresh) -> None:
+    def __init__(self, stats: ClientStats, in_flight, run_id: str, scenario: str, spec_labels, refresh,
+                 generator: Callable[[], GeneratorLoad] | None = None) -> None:
         self._refresh = refresh
+        self._generator = generator
         self._stats = stats
         self._in_flight = in_flight
         self._labels = [run_id, scenario]
@@ -128,6 +140,21 @@ class ClientMetricsCollector(Collector):
                                  labels=[*names, *spec])
         info.add_metric([*labels, *spec.values()], 1)
         yield info
+        if self._generator is not None:
+            yield from _saturation(self._generator(), names, labels)
+
+
+def _saturation(generator: GeneratorLoad, names: list[str], labels: list[str]) -> Iterator[Metric]:
+    saturated = GaugeMetricFamily("batchscope_client_saturated", "1 when the load generator itself is the "
+                                  "bottleneck (a sender's CPU >= 90% of its core, or the median dispatch or "
+                                  "first-read lag over the last 10 s above 2 ms): its latencies then include its "
+                                  "own delay; run more workers.", labels=names)
+    saturated.add_metric(labels, float(generator.saturated))
+    yield saturated
+    cpu = GaugeMetricFamily("batchscope_client_cpu_ratio", "CPU of the busiest sender process over its latest "
+                            "report interval, as a ratio of one core.", labels=names)
+    cpu.add_metric(labels, generator.cpu_share if generator.cpu_share is not None else float("nan"))
+    yield cpu
 
 
 def _counter(name: str, help_text: str, names: list[str], labels: list[str], value: float) -> CounterMetricFamily:

@@ -53,6 +53,7 @@ class RequestRecord:
     outcome: str = "aborted"
     status: int | None = None
     error: str | None = None
+    first_read_lag_s: float | None = None  # the read of the first token minus its kernel receive time
     schema_version: int = RECORD_SCHEMA_VERSION
 
     @property
@@ -72,9 +73,11 @@ class TokenStream:
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat
+        self._key = b'"content":"' if chat else b'"text":"'
         self._buffer = b""  # the start of an event whose blank line has not arrived yet
         self.first: float | None = None
         self.last = 0.0  # read only once ``first`` is set
+        self.first_read_lag: float | None = None
         self.gaps: list[float] = []
         self.usage: dict | None = None
         self.done = False
@@ -83,6 +86,16 @@ class TokenStream:
     def feed(self, chunk: bytes, now: float) -> None:
         """Body bytes that arrived at ``now``: every event they complete is read (an event may span reads,
         and one read may complete several)."""
+        if (not self._buffer and chunk.startswith(b"data:") and chunk.find(b"\n\n") == len(chunk) - 2
+                and self._plain_token(chunk)):
+            # the usual case, one token event per chunk, inlined: every streamed token passes through here
+            if self.first is None:
+                self.first = now
+                self.first_read_lag = time.time() - now
+            else:
+                self.gaps.append(now - self.last)
+            self.last = now
+            return
         self._buffer += chunk
         if b"\n\n" in self._buffer:
             *events, self._buffer = self._buffer.split(b"\n\n")
@@ -101,17 +114,18 @@ class TokenStream:
             else:
                 self._parsed(json.loads(payload), now)
 
-    def _plain_token(self, payload: bytes) -> bool:
-        """A compact token chunk (vLLM's own JSON) with non-empty text, told apart without parsing it.
+    def _plain_token(self, data: bytes) -> bool:
+        """A compact token chunk (vLLM's own JSON) with non-empty text, told apart without parsing it (``data``:
+        one event, whole or its JSON alone).
 
-        json.loads per token is a tenth of the client's CPU at high rates; anything unusual (usage, errors,
-        JSON with spaces after colons) takes the parsing path instead.
+        json.loads per token is a tenth of the client's CPU at high rates; anything unusual (several lines,
+        usage, errors, JSON with spaces after colons) takes the parsing path instead.
         """
-        if b'"usage"' in payload or b'"error"' in payload or b'": ' in payload:
+        if b'"usage"' in data or b'"error"' in data or b'": ' in data or data.count(b"\n") > 2:
             return False
-        key = b'"content":"' if self.chat else b'"text":"'
-        start = payload.find(key) + len(key)
-        return start >= len(key) and payload[start:start + 1] not in (b'"', b"")
+        key = self._key
+        start = data.find(key) + len(key)
+        return start >= len(key) and start < len(data) and data[start] != 34  # 34: '"', an empty text
 
     def _parsed(self, data: dict, now: float) -> None:
         if "error" in data:
@@ -125,6 +139,7 @@ class TokenStream:
     def _token(self, now: float) -> None:
         if self.first is None:
             self.first = now
+            self.first_read_lag = time.time() - now  # how long the first token waited for this client to read it
         else:
             self.gaps.append(now - self.last)
         self.last = now
@@ -183,6 +198,7 @@ def _read_stream(connection: Connection, chunks: Iterator[bytes], target: Target
             stream.feed(chunk, connection.arrived_s)  # when the bytes arrived, not when this greenlet got to them
     finally:
         _fill_timing(record, stream.first, stream.last, stream.gaps)
+        record.first_read_lag_s = stream.first_read_lag
     if stream.error:
         return _finish(record, "truncated", error=stream.error)
     if not stream.done or stream.usage is None or stream.first is None:

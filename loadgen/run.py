@@ -156,7 +156,7 @@ class LoadRun:
         records, self._outbox = self._outbox, []
         refused_s, self._refused_s = self._refused_s, []
         return SenderReport(records=records, started=self.started, refused=self.refused, refused_s=refused_s,
-                            in_flight=self.in_flight, final=final)
+                            in_flight=self.in_flight, final=final, at_s=time.time(), cpu_s=time.process_time())
 
     def stop_now(self, timeout_s: float = 10.0) -> None:
         """Refuse new requests and abort those in flight (each is delivered as 'aborted')."""

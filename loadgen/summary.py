@@ -3,14 +3,16 @@
 The window and its population are loadgen/window.py's (the rule the live metrics and the LLM tab share): every
 request figure takes the requests that *ended* in the window, whatever their start. Completion throughput =
 requests completed ok in the window / the window, as `vllm bench serve` (which has no warm-up) counts it, and
-TTFT, TPOT, E2E per such request and ITL pooled over their every gap, with exact percentiles (numpy). A closed
+TTFT, TPOT, E2E per such request and ITL pooled over their every gap. A closed
 loop then obeys Little's law (throughput x mean E2E = users). Output tokens/s counts the tokens that *arrived*
 in the window (by their chunk times, whatever became of their request); total tokens/s adds the prompts of the
-requests whose first token came in the window.
+requests whose first token came in the window. Figures come from loadgen/figures.py, folded in as records
+arrive: TTFT, TPOT and E2E exact; ITL percentiles from a sketch within 0.5% (its count and mean exact).
 """
 
 from __future__ import annotations
 
+import math
 import platform
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -21,7 +23,10 @@ from rich.console import Console
 from rich.table import Table
 
 import batchscope
-from loadgen.request import OUTCOMES, RequestRecord, rejected
+from loadgen.figures import RunFigures
+from loadgen.metrics import ClientStats
+from loadgen.saturation import GeneratorLoad
+from loadgen.sketch import GapSketch
 from loadgen.spec import PoissonLoad, WorkloadSpec
 from loadgen.window import final_window, in_window  # noqa: F401 (in_window: tuner/signals.py reads it here)
 
@@ -39,11 +44,20 @@ class Distribution(BaseModel):
 
     @classmethod
     def of(cls, values: Sequence[float] | np.ndarray) -> Distribution:
+        """Exact figures of the values (numpy's linear percentiles)."""
         if len(values) == 0:
             return cls(count=0, mean=None, p50=None, p90=None, p99=None)
         array = np.asarray(values, dtype=float)
         p50, p90, p99 = np.percentile(array, [50, 90, 99])
         return cls(count=array.size, mean=float(array.mean()), p50=float(p50), p90=float(p90), p99=float(p99))
+
+    @classmethod
+    def of_sketch(cls, sketch: GapSketch) -> Distribution:
+        """Exact count and mean; percentiles within the sketch's relative error (loadgen/sketch.py)."""
+        if sketch.count == 0:
+            return cls(count=0, mean=None, p50=None, p90=None, p99=None)
+        p50, p90, p99 = sketch.quantiles([0.5, 0.9, 0.99])
+        return cls(count=sketch.count, mean=sketch.mean, p50=p50, p90=p90, p99=p99)
 
 
 class Summary(BaseModel):
@@ -74,7 +88,8 @@ class Summary(BaseModel):
     total_tokens_per_s: float = Field(description="Those plus the prompts first answered in the window / duration.")
     ttft: Distribution = Field(description="Time to first token (from the scheduled send), completed requests.")
     tpot: Distribution = Field(description="Time per output token, (E2E - TTFT) / (n - 1), completed requests.")
-    itl: Distribution = Field(description="Inter-token latency, every gap of the completed requests pooled.")
+    itl: Distribution = Field(description="Inter-token latency, every gap of the completed requests pooled "
+                              "(percentiles within 0.5% relative error, loadgen/sketch.py).")
     e2e: Distribution = Field(description="End-to-end latency (from the scheduled send), completed requests.")
     peak_concurrency: int = Field(description="Most requests in flight at once (sweep over send..end, whole run).")
     dispatch_lag_p99_s: float | None = Field(description="p99 of actual - scheduled send over every request sent "
@@ -82,61 +97,52 @@ class Summary(BaseModel):
     failure: str | None = Field(description="Why the run failed (exit status 4): no request completed in the "
                                 "window, or more than spec.max_failed_fraction of those that ended in it failed; "
                                 "null when it did not.")
+    generator: GeneratorLoad = Field(description="Whether the load generator itself was the bottleneck "
+                                     "(loadgen/saturation.py).")
 
 
-def summarize(spec: WorkloadSpec, records: list[RequestRecord], *, run_id: str, host: str, start_s: float,
-              stop_s: float, started: int, refused: int, refused_s: Sequence[float] = ()) -> Summary:
-    """Build the summary. The window starts after warm-up and lasts duration_s, or less if the run stopped
-    sooner (offline: until the last end); Locust's shape ticks once a second, so the stop itself comes late.
+def summarize(spec: WorkloadSpec, figures: RunFigures, stats: ClientStats, generator: GeneratorLoad, *,
+              run_id: str, host: str, start_s: float, stop_s: float, refused_s: Sequence[float] = ()) -> Summary:
+    """Build the summary from the run's figures (loadgen/figures.py) and counters (loadgen/metrics.py). The window
+    starts after warm-up and lasts duration_s, or less if the run stopped sooner (offline: until the last end);
+    Locust's shape ticks once a second, so the stop itself comes late.
 
     ``refused_s`` holds the scheduled times of the refused arrivals, for the offered rate.
     """
-    window = final_window(spec, start_s, stop_s, (r.end_s for r in records if r.end_s is not None))
-    window_start, window_end, duration = window.start_s, window.end_s, window.duration_s
-    ended = [r for r in records if window.holds(r)]
-    ok = [r for r in ended if r.outcome == "ok"]
-    outcomes = dict.fromkeys(OUTCOMES, 0)
-    for record in records:
-        outcomes[record.outcome] += 1
-    failed = dict.fromkeys((o for o in OUTCOMES if o not in ("ok", "aborted")), 0)
-    for record in ended:
-        if record.outcome in failed:
-            failed[record.outcome] += 1
-    output = tokens_in_window(records, window_start, window_end)
-    prompt = sum(r.prompt_tokens or 0 for r in records
-                 if r.first_token_s is not None and window_start <= r.first_token_s <= window_end)
-    lags = [r.dispatch_lag_s for r in records if r.dispatch_lag_s is not None]
+    ends = [figures.last_end_s] if math.isfinite(figures.last_end_s) else []
+    window = final_window(spec, start_s, stop_s, ends)
+    duration = window.duration_s
     target_rate = offered = None
     if isinstance(spec.load, PoissonLoad):
         target_rate = spec.load.rate
-        arrivals = sum(1 for r in records if window_start <= r.scheduled_s < window_end)
-        arrivals += sum(1 for moment in refused_s if window_start <= moment < window_end)
-        offered = arrivals / duration
+        refused_in_window = sum(1 for moment in refused_s if window.start_s <= moment < window.end_s)
+        offered = (figures.scheduled_in_window + refused_in_window) / duration
+    lags = np.asarray(figures.dispatch_lags)
+    outcomes = dict(stats.outcomes)
     return Summary(
         run_id=run_id, host=host, started_at=datetime.fromtimestamp(start_s, UTC).isoformat(), spec=spec,
-        started=started, outcomes=outcomes, balanced=started == sum(outcomes.values()), refused_arrivals=refused,
-        window_start_s=window_start, completed=len(ok), failed=failed, effective_duration_s=duration,
-        completion_throughput_rps=len(ok) / duration, target_rate_rps=target_rate, offered_rate_rps=offered,
-        output_tokens_per_s=output / duration, total_tokens_per_s=(output + prompt) / duration,
-        ttft=Distribution.of([r.ttft_s for r in ok if r.ttft_s is not None]),
-        tpot=Distribution.of([r.tpot_s for r in ok if r.tpot_s]),
-        itl=Distribution.of(np.concatenate([np.asarray(r.itl_s, dtype=float) for r in ok]) if ok else []),
-        e2e=Distribution.of([r.e2e_s for r in ok if r.e2e_s is not None]),
-        peak_concurrency=peak_concurrency(records),
-        dispatch_lag_p99_s=float(np.percentile(lags, 99)) if lags else None,
-        failure=failure_reason(spec, len(ok), failed, records),
+        started=stats.started, outcomes=outcomes, balanced=stats.started == sum(outcomes.values()),
+        refused_arrivals=stats.refused, window_start_s=window.start_s, completed=figures.completed,
+        failed=dict(figures.failed), effective_duration_s=duration,
+        completion_throughput_rps=figures.completed / duration, target_rate_rps=target_rate,
+        offered_rate_rps=offered, output_tokens_per_s=figures.output_tokens / duration,
+        total_tokens_per_s=(figures.output_tokens + figures.prompt_tokens) / duration,
+        ttft=Distribution.of(figures.ttft), tpot=Distribution.of(figures.tpot), itl=Distribution.of_sketch(figures.itl),
+        e2e=Distribution.of(figures.e2e), peak_concurrency=figures.peak_concurrency(),
+        dispatch_lag_p99_s=float(np.percentile(lags, 99)) if lags.size else None,
+        failure=failure_reason(spec, figures), generator=generator,
     )
 
 
-def failure_reason(spec: WorkloadSpec, completed: int, failed: dict[str, int], records: list[RequestRecord]
-                   ) -> str | None:
+def failure_reason(spec: WorkloadSpec, figures: RunFigures) -> str | None:
     """One line saying why the run failed, or None: nothing completed in the window, or too large a share of
     the requests that ended in it failed (aborted ones excluded: the run's end cut them, not the server)."""
-    finished = [r for r in records if r.outcome != "aborted"]
-    if completed == 0 and finished and all(rejected(r) and r.status == finished[0].status for r in finished):
+    completed, failed = figures.completed, figures.failed
+    status = figures.rejected_throughout()
+    if completed == 0 and figures.finished and status is not None:
         # the commonest failure by far (a wrong key, model name or length): name the answer the server gave
-        detail = " ".join((finished[0].error or "no detail").split())[:80]
-        return f"all {len(finished)} finished requests were rejected with HTTP {finished[0].status} ({detail})"
+        detail = " ".join((figures.rejection_detail[status] or "no detail").split())[:80]
+        return f"all {figures.finished} finished requests were rejected with HTTP {status} ({detail})"
     failures = sum(failed.values())
     breakdown = ", ".join(f"{outcome} {count}" for outcome, count in failed.items() if count)
     if completed == 0:
@@ -146,31 +152,6 @@ def failure_reason(spec: WorkloadSpec, completed: int, failed: dict[str, int], r
         return (f"{failures} of {completed + failures} requests that ended in the window failed ({fraction:.0%} > "
                 f"max_failed_fraction {spec.max_failed_fraction:.0%}): {breakdown}")
     return None
-
-
-def tokens_in_window(records: list[RequestRecord], start: float, end: float) -> float:
-    """Output tokens whose chunk arrived within [start, end]: the first token, then one per ITL gap."""
-    total = 0.0
-    for record in records:
-        if record.first_token_s is None:
-            continue
-        events = record.first_token_s + np.concatenate(([0.0], np.cumsum(np.asarray(record.itl_s, dtype=float))))
-        inside = int(np.count_nonzero((events >= start) & (events <= end)))
-        # a server may pack several tokens in one chunk: weight by what usage says, when it says
-        per_event = record.output_tokens / events.size if record.outcome == "ok" and record.output_tokens else 1.0
-        total += inside * per_event
-    return total
-
-
-def peak_concurrency(records: list[RequestRecord]) -> int:
-    """Largest number of requests between send and end at one moment (sweep line)."""
-    events = [(r.sent_s, 1) for r in records if r.sent_s is not None and r.end_s is not None]
-    events += [(r.end_s, -1) for r in records if r.sent_s is not None and r.end_s is not None]
-    level = peak = 0
-    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
-        level += step
-        peak = max(peak, level)
-    return peak
 
 
 def print_summary(summary: Summary, console: Console | None = None) -> None:
@@ -190,6 +171,7 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
     head.add_row("peak concurrency", str(summary.peak_concurrency))
     lag = summary.dispatch_lag_p99_s
     head.add_row("dispatch lag p99 (ms)", "-" if lag is None else f"{lag * 1000:.2f}")
+    head.add_row("generator", generator_line(summary.generator))
     console.print(head)
     latencies = Table(title="latency (ms)")
     for column in ("metric", "count", "mean", "p50", "p90", "p99"):
@@ -199,3 +181,12 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
         cells = [getattr(dist, k) for k in ("mean", "p50", "p90", "p99")]
         latencies.add_row(name.upper(), str(dist.count), *("-" if v is None else f"{v * 1000:.2f}" for v in cells))
     console.print(latencies)
+
+
+def generator_line(generator: GeneratorLoad) -> str:
+    """The verdict in one line: the advice when saturated, the measures otherwise."""
+    if generator.advice:
+        return f"SATURATED: {generator.advice}"
+    cpu = "-" if generator.cpu_share is None else f"{generator.cpu_share:.0%}"
+    lag = "-" if generator.first_read_lag_p50_s is None else f"{generator.first_read_lag_p50_s * 1e3:.2f} ms"
+    return f"kept up (sender CPU {cpu} of a core, first-read lag median {lag})"

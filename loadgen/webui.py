@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadgen.control import RunControl
 from loadgen.request import OUTCOMES
 from loadgen.spec import WorkloadSpec
-from loadgen.summary import Distribution
+from loadgen.summary import Distribution, generator_line
 
 if TYPE_CHECKING:
     from locust.web import WebUI
@@ -69,32 +68,21 @@ SAMPLE_PREFIXES = tuple(f"{name}{end}" for names in SERVER_SAMPLES.values() for 
 
 
 class Window:
-    """The requests completed ok in the measurement window seen so far: their latencies and output tokens.
-
-    RunControl.records only grows, so each update reads just the records added since the last one. The values
-    sit in float arrays, which Distribution.of turns into numpy arrays without a Python-level copy.
-    """
+    """The LLM tab's latency figures, recomputed from the controller's RunFigures only when a request completed
+    since the last poll (exact percentiles of a long run's TTFT take a few ms)."""
 
     def __init__(self) -> None:
-        self.seen = 0
         self.completed = 0
         self.output_tokens = 0
-        self.values = {name: array("d") for name in LATENCIES}
         self.latency = {name: Distribution.of([]) for name in LATENCIES}
 
     def update(self, ctl: RunControl) -> None:
-        window = ctl.window()
-        ok = [r for r in ctl.records[self.seen:] if r.outcome == "ok" and window.holds(r)]
-        self.seen = len(ctl.records)
-        if not ok:
+        figures = ctl.figures
+        if figures.completed == self.completed:
             return  # nothing new: the percentiles stand
-        self.completed += len(ok)
-        self.output_tokens += sum(r.output_tokens or 0 for r in ok)
-        self.values["ttft"].extend(r.ttft_s for r in ok if r.ttft_s is not None)
-        self.values["tpot"].extend(r.tpot_s for r in ok if r.tpot_s)
-        self.values["itl"].extend(gap for r in ok for gap in r.itl_s)
-        self.values["e2e"].extend(r.e2e_s for r in ok if r.e2e_s is not None)
-        self.latency = {name: Distribution.of(values) for name, values in self.values.items()}
+        self.completed, self.output_tokens = figures.completed, figures.completed_output_tokens
+        self.latency = {"ttft": Distribution.of(figures.ttft), "tpot": Distribution.of(figures.tpot),
+                        "itl": Distribution.of_sketch(figures.itl), "e2e": Distribution.of(figures.e2e)}
 
 
 def window_start(ctl: RunControl) -> float:
@@ -216,7 +204,7 @@ def rows(ctl: RunControl | None, window: Window, server: ServerMetrics | None = 
     if server is not None:
         server.read(window_start(ctl))
         server_part = server_rows(server, window_start(ctl))
-    return (latency_rows(window) + throughput_rows(ctl, window) + request_rows(ctl) + server_part
+    return (latency_rows(window) + throughput_rows(ctl, window) + request_rows(ctl) + generator_rows(ctl) + server_part
             + grafana_rows(grafana_url) + spec_rows(ctl.spec))
 
 
@@ -253,6 +241,11 @@ def request_rows(ctl: RunControl) -> list[dict[str, str]]:
     """Counts since the start, warm-up included (as the summary's outcomes)."""
     outcomes = [row(f"outcome {outcome}", ctl.stats.outcomes[outcome]) for outcome in OUTCOMES]
     return [row("started", ctl.stats.started), *outcomes, row("in flight", ctl.in_flight)]
+
+
+def generator_rows(ctl: RunControl) -> list[dict[str, str]]:
+    """The live saturation verdict (loadgen/saturation.py): the advice when the generator is the bottleneck."""
+    return [row("load generator", generator_line(ctl.saturation.live()))]
 
 
 def server_rows(server: ServerMetrics, window_start_s: float) -> list[dict[str, str]]:

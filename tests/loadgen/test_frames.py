@@ -119,3 +119,10 @@ def test_sse_comments_and_empty_text_are_not_tokens():
     stream = TokenStream(chat=False)
     stream.feed(b": keep-alive\n\n" + token("") + b"data: [DONE]\n\n", 1.0)
     assert stream.first is None and stream.done
+
+
+def test_sse_events_with_other_fields_or_no_data_are_not_taken_for_tokens():
+    stream = TokenStream(chat=False)
+    stream.feed(b'event: note\ndata: {"choices":[{"text":"x"}]}\n\n', 1.0)  # a named event's data still counts
+    stream.feed(b'id: 7 "text":"x"\n\n', 2.0)  # no data line: nothing
+    assert (stream.first, stream.last, stream.gaps) == (1.0, 1.0, [])

@@ -9,7 +9,6 @@ import pytest
 from loadgen.control import RunControl
 from loadgen.request import RequestRecord
 from loadgen.spec import load_spec
-from loadgen.summary import summarize
 from loadgen.webui import Window
 from loadgen.window import final_window, live_window
 
@@ -66,8 +65,10 @@ def test_summary_live_metrics_and_llm_tab_count_the_same_requests():
 
 def test_summary_counts_tokens_that_arrived_in_the_window():
     spec = load_spec(None, CLOSED)
-    # tokens at 1009.1, 1009.4, 1009.7, 1010.0: only the last arrived in the window
-    record = ended(0, 1010.0)
-    summary = summarize(spec, [record], run_id="t", host="h", start_s=1000.0, stop_s=1110.0, started=1, refused=0)
-    assert summary.output_tokens_per_s == pytest.approx(1 / 100)
-    assert summary.total_tokens_per_s == pytest.approx(1 / 100)  # its first token came before the window
+    ctl = RunControl(spec=spec, run_id="t", host="h", out_dir=None, request_stop=lambda: None,
+                     sender_count=lambda: 1, start_s=1000.0, stop_s=1110.0)
+    ctl.accept(ended(0, 1010.0))  # tokens at 1009.1, 1009.4, 1009.7, 1010.0: only the last arrived in the window
+    ctl.accept(ended(1, 1050.0))  # all four in the window
+    summary = ctl.summary()
+    assert summary.output_tokens_per_s == pytest.approx(5 / 100)
+    assert summary.total_tokens_per_s == pytest.approx((5 + 8) / 100)  # one prompt first answered in the window
