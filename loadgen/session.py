@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from locust.env import Environment
@@ -66,7 +66,8 @@ def sender(environment: Environment) -> LoadRun:
         if isinstance(runner, WorkerRunner):
             worker_index, workers = runner.worker_index, max(1, int(getattr(options, "expect_workers", 1) or 1))
         events = DeferredRequestEvents(environment, spec.scenario)
-        state.sender = LoadRun(spec, Target.from_json(options.batchscope_target), run_id=options.run_id,
+        target = replace(Target.from_json(options.batchscope_target), worker=worker_index)  # its own prompts
+        state.sender = LoadRun(spec, target, run_id=options.run_id,
                                worker_index=worker_index, workers=workers, on_record=events.add)
         state.events = events
     return state.sender

@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
 
 from batchscope.secrets import mask_mapping
 from batchscope.validation import TAGGED_UNION_ERRORS, first_error
@@ -25,6 +34,8 @@ MAX_RATE = 1e6  # requests/s
 MAX_REQUESTS = 10_000_000  # offline batch
 MAX_TIMEOUT_S = 86_400.0  # a day per request
 MAX_PERIOD_S = 2_592_000.0  # 30 days of warm-up or measurement
+MAX_PREFIXES = 10_000  # distinct shared prefixes
+MAX_PREFIX_IDS = 50_000_000  # their tokens together: every sender holds them all
 # inf and nan are refused everywhere: rate .inf would release arrivals in an endless burst
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -61,6 +72,18 @@ class OfflineLoad(BaseModel):
 Load = Annotated[ConcurrencyLoad | PoissonLoad | OfflineLoad, Field(discriminator="mode")]
 
 
+class SharedPrefix(BaseModel):
+    """Prompts that open alike, as with a common system prompt: a prefix a server's prefix cache can reuse.
+
+    Request n of worker w opens with prefix (n + w) mod ``distinct`` (round-robin), then a part of its own; the
+    prompt keeps exactly ``input_tokens`` tokens (see loadgen/prompts.py).
+    """
+
+    model_config = STRICT
+    tokens: int = Field(gt=0, le=MAX_TOKENS, description="Tokens of each shared prefix; below input_tokens.")
+    distinct: int = Field(1, gt=0, le=MAX_PREFIXES, description="How many different prefixes the requests share.")
+
+
 class WorkloadSpec(BaseModel):
     """Everything that must stay identical between tuning rounds."""
 
@@ -72,6 +95,8 @@ class WorkloadSpec(BaseModel):
     )
     input_tokens: int = Field(gt=0, le=MAX_TOKENS, description="Exact prompt length in tokens.")
     output_tokens: int = Field(gt=0, le=MAX_TOKENS, description="Exact output length (max_tokens with ignore_eos).")
+    shared_prefix: SharedPrefix | None = Field(
+        None, description="A prefix shared by the prompts (completions only); none: every prompt is its own.")
     stream: bool = Field(True, description="Stream tokens (SSE); TTFT and ITL need it.")
     timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S, description="Whole-request timeout, seconds.")
     api_key: SecretStr | None = Field(
@@ -86,6 +111,21 @@ class WorkloadSpec(BaseModel):
         0.5, ge=0, le=1, description="The run fails (exit status 4) when more than this fraction of the requests "
         "that ended in the measurement window are not ok (aborted ones aside), or when none is ok.")
     load: Load = Field(description="The load mode: concurrency, poisson or offline.")
+
+    @field_validator("shared_prefix")
+    @classmethod
+    def _prefix_fits(cls, prefix: SharedPrefix | None, info: ValidationInfo) -> SharedPrefix | None:
+        length = info.data.get("input_tokens")
+        if prefix is None:
+            return prefix
+        if info.data.get("endpoint") == "chat":
+            raise ValueError("needs endpoint: completions (chat prompts are text the server's tokenizer counts)")
+        if length is not None and prefix.tokens >= length:
+            raise ValueError(f"tokens ({prefix.tokens}) must be below input_tokens ({length}): every prompt "
+                             "keeps a part of its own")
+        if prefix.tokens * prefix.distinct > MAX_PREFIX_IDS:
+            raise ValueError(f"tokens x distinct ({prefix.tokens * prefix.distinct}) must be at most {MAX_PREFIX_IDS}")
+        return prefix
 
     def resolved_api_key(self) -> str | None:
         key = self.api_key.get_secret_value() if self.api_key else None

@@ -1,7 +1,8 @@
 """Turn a workload spec into the exact request to send: resolve the model, build a prompt of exactly
 ``input_tokens`` tokens, and set ``max_tokens`` + ``ignore_eos`` so the output is exactly ``output_tokens``.
 
-Completions get a list of token ids (exact by construction). Chat gets text calibrated through the server's
+Completions get a list of token ids (exact by construction), each request its own (loadgen/prompts.py: an
+optional shared prefix, then a unique part). Chat gets text calibrated through the server's
 /tokenize (its own tokenizer and chat template), by bisection on the number of words. A request longer than the
 server's max_model_len (from GET /v1/models) is refused here, before anything is sent: the server would reject
 every one of them.
@@ -10,13 +11,15 @@ every one of them.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
 import numpy as np
 import requests
 
 from loadgen import http
+from loadgen.prompts import draw_prompt, prompt_bodies
 from loadgen.spec import SpecError, WorkloadSpec
 
 _WORDS = ("time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school",
@@ -26,7 +29,11 @@ MAX_CALIBRATION_CALLS = 40
 
 @dataclass(frozen=True)
 class Target:
-    """Where and what to send: the URL, headers, body, and the lengths the reply must have."""
+    """Where and what to send: the URL, headers, body, and the lengths the reply must have.
+
+    ``body`` holds the first prompt; ``prefixes`` are the run's shared prefixes, and ``worker`` the sending
+    process, whose requests' prompts ``encoded_body`` varies.
+    """
 
     url: str
     headers: dict[str, str]
@@ -36,6 +43,8 @@ class Target:
     prompt_tokens: int
     output_tokens: int
     timeout_s: float
+    prefixes: list[list[int]] = field(default_factory=list)
+    worker: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -44,9 +53,14 @@ class Target:
     def from_json(cls, text: str) -> Target:
         return cls(**json.loads(text))
 
-    @cached_property
+    @property
     def encoded_body(self) -> bytes:
-        return json.dumps(self.body, separators=(",", ":")).encode()
+        """The next request's body: each access draws the next prompt of this process."""
+        return next(self._bodies)
+
+    @cached_property
+    def _bodies(self) -> Iterator[bytes]:
+        return prompt_bodies(self.body, self.prefixes, self.worker)
 
     @cached_property
     def endpoint(self) -> http.Endpoint:
@@ -64,6 +78,7 @@ def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None
     model = resolve_model(spec, base, models)
     check_length(spec, model, models)
     rng = np.random.default_rng(spec.seed)
+    prefixes: list[list[int]] = []
     body: dict = {"model": model, "stream": spec.stream, "ignore_eos": True}
     if spec.stream:
         body["stream_options"] = {"include_usage": True}
@@ -72,12 +87,13 @@ def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None
         body["max_completion_tokens"] = spec.output_tokens
         path = "/v1/chat/completions"
     else:
-        # ids from a common range of every tokenizer's vocabulary, no special tokens
-        body["prompt"] = rng.integers(1000, 30000, size=spec.input_tokens).tolist()
+        prefixes, unique = draw_prompt(spec, rng)
+        body["prompt"] = (prefixes[0] if prefixes else []) + unique
         body["max_tokens"] = spec.output_tokens
         path = "/v1/completions"
     return Target(url=base + path, headers=headers, body=body, chat=spec.endpoint == "chat", stream=spec.stream,
-                  prompt_tokens=spec.input_tokens, output_tokens=spec.output_tokens, timeout_s=spec.timeout_s)
+                  prompt_tokens=spec.input_tokens, output_tokens=spec.output_tokens, timeout_s=spec.timeout_s,
+                  prefixes=prefixes)
 
 
 def list_models(base: str, session: requests.Session, headers: dict) -> list[dict] | Exception:

@@ -45,6 +45,12 @@ def test_overrides_replace_nested_fields(tmp_path):
     (["load.mode=poisson", "load.concurrency=null"], "spec: load.rate: Field required"),
     (["colour=blue"], "spec: colour: Extra inputs are not permitted"),
     (["noequals"], "--set: expected key=value"),
+    (["shared_prefix.tokens=1024"], "spec: shared_prefix: tokens (1024) must be below input_tokens (1024)"),
+    (["shared_prefix.tokens=64", "endpoint=chat"], "spec: shared_prefix: needs endpoint: completions"),
+    (["shared_prefix.tokens=64", "shared_prefix.distinct=0"], "spec: shared_prefix.distinct: Input should be"),
+    (["shared_prefix.distinct=2"], "spec: shared_prefix.tokens: Field required"),
+    (["shared_prefix.tokens=9000", "shared_prefix.distinct=10000", "input_tokens=10000"],
+     "spec: shared_prefix: tokens x distinct (90000000) must be at most"),
 ])
 def test_bad_fields_are_named(tmp_path, overrides, message):
     path = tmp_path / "spec.yaml"
