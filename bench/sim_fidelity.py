@@ -6,6 +6,13 @@ Published figures (sources printed with the report):
   TTFT mean 25.2 ms, ITL mean 7.9 ms, E2E mean 1,893 ms.
 - calibration.md section 2 (vLLM blog, v0.19.1, H100, FA3): decode at concurrency 1, ITL = 6.44 ms +
   4.37e-5 ms per context token (an input of the profile, so this checks the model's other terms leave it be).
+- vLLM blog "The State of FP8 KV-Cache and Attention Quantization in vLLM" (2026-04-22,
+  https://blog.vllm.ai/2026/04/22/fp8-kvcache.html), Table 4, BF16 KV row: vLLM v0.19.1, one H100,
+  Llama-3.1-8B, `vllm bench serve` random dataset, 150 prompts of ~20k input and ~2k output tokens (range
+  ratio 0.15), max concurrency 8: median TTFT 763.6 ms, median ITL 15.18 ms, output 450.3 tok/s, duration
+  672.6 s. Serving flags are not given: vLLM V1's H100 defaults are presumed (max_num_seqs 1024,
+  max_num_batched_tokens 8192, gpu_memory_utilization 0.90, the model's 131,072 max_model_len, prefix
+  caching on). 11 minutes of load: run on the virtual clock only. Not used to fit the profile.
 
 The simulator runs the h100-llama-3.1-8b profile three ways: on the virtual clock; as a real-time server
 measured by a streaming client on loopback (what `vllm bench serve` measures); and that server's own
@@ -20,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import tempfile
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import aiohttp
@@ -30,11 +39,14 @@ import numpy as np
 from batchscope.testkit.report import add_json_option, argument_parser, table, write_json
 from batchscope.testkit.simulator import start_simulator
 from simulator.config import Deployment, ServeConfig
-from simulator.virtual import RequestSpec, run_virtual
+from simulator.virtual import ClosedLoop, RequestSpec, run_timed, run_virtual
 
 ISSUE_11 = "issue 11: vLLM v0.15, H100, Llama-3.1-8B, Poisson 8 req/s, 547+248 tokens"
 BLOG = "calibration.md s2: vLLM blog v0.19.1, H100, concurrency 1"
+FP8_BLOG = "vLLM blog 2026-04-22 (FP8 KV cache), Table 4 BF16: v0.19.1, H100, concurrency 8, 20k+2k tokens"
 SERVE = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.9, "max_model_len": 8192}
+V1_DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9}
+FP8_PUBLISHED = {"ttft_median": 0.7636, "itl_median": 0.01518, "output_tokens_per_s": 450.3, "duration": 672.6}
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,47 @@ def virtual(load: Workload) -> Figures:
     records = run_virtual(Deployment(ServeConfig(model="m", **SERVE)).new_engine(), workload).records
     return figures(*(np.array(column) for column in zip(
         *((r.arrival, r.first_token, r.finished, r.output_tokens) for r in records), strict=True)))
+
+
+class DatasetLoop:
+    """`vllm bench serve --max-concurrency N` over a fixed list of requests: a closed loop that ends with the list."""
+
+    def __init__(self, users: int, lengths: Sequence[tuple[int, int]]) -> None:
+        self._loop = ClosedLoop(users, 1, 1)  # its users' timing; the lengths come from the list
+        self._lengths = lengths
+        self._taken = 0
+
+    def next_time(self) -> float:
+        return self._loop.next_time() if self._taken < len(self._lengths) else math.inf
+
+    def take(self) -> RequestSpec:
+        prompt, output = self._lengths[self._taken]
+        self._taken += 1
+        return replace(self._loop.take(), prompt_len=prompt, max_tokens=output)
+
+    def finished(self, index: int, now: float) -> None:
+        self._loop.finished(index, now)
+
+
+def random_lengths(count: int, prompt: int, output: int, ratio: float) -> list[tuple[int, int]]:
+    """The random dataset's lengths: each uniform within +-ratio of its mean."""
+    rng = np.random.default_rng(7)
+    prompts = rng.integers(int(prompt * (1 - ratio)), int(prompt * (1 + ratio)) + 1, size=count)
+    outputs = rng.integers(int(output * (1 - ratio)), int(output * (1 + ratio)) + 1, size=count)
+    return list(zip(prompts.tolist(), outputs.tolist(), strict=True))
+
+
+def long_context() -> dict[str, float]:
+    """The FP8 blog's BF16 point on the virtual clock: medians, output throughput and duration as bench serve."""
+    engine = Deployment(ServeConfig(model="m", **V1_DEFAULTS)).new_engine()
+    lengths = random_lengths(150, 20_000, 2_000, 0.15)
+    run = run_timed(engine, DatasetLoop(8, lengths))
+    records = run.records
+    duration = max(r.finished for r in records) - min(r.arrival for r in records)
+    return {"ttft_median": float(np.median([r.first_token - r.arrival for r in records])),
+            "itl_median": float(np.median(np.concatenate(list(run.gaps.values())))),
+            "output_tokens_per_s": sum(r.output_tokens for r in records) / duration, "duration": duration,
+            "requests": len(records), "preemptions": sum(r.preemptions for r in records)}
 
 
 async def stream_one(session: aiohttp.ClientSession, url: str, body: dict, request_id: str,
@@ -126,8 +179,8 @@ def real_time(load: Workload) -> tuple[Figures, Figures]:
     return client, server
 
 
-def error(measured: float, published: float) -> str:
-    return f"{measured * 1e3:,.2f} ({(measured / published - 1) * 100:+.1f}%)"
+def error(measured: float, published: float, scale: float = 1e3) -> str:
+    return f"{measured * scale:,.2f} ({(measured / published - 1) * 100:+.1f}%)"
 
 
 def report_rows(source: str, published: dict[str, float], runs: dict[str, Figures]) -> list[list[str]]:
@@ -136,6 +189,14 @@ def report_rows(source: str, published: dict[str, float], runs: dict[str, Figure
         rows.append([source if not rows else "", name, f"{value * 1e3:,.2f}",
                      *(error(getattr(run, name), value) for run in runs.values())])
     return rows
+
+
+def long_context_rows(measured: dict[str, float]) -> list[list[str]]:
+    """Figure, unit, published, virtual clock (error): times in ms, throughput in tok/s, duration in s."""
+    units = {"ttft_median": ("ms", 1e3), "itl_median": ("ms", 1e3), "output_tokens_per_s": ("tok/s", 1.0),
+             "duration": ("s", 1.0)}
+    return [[FP8_BLOG if i == 0 else "", f"{name} {units[name][0]}", f"{value * units[name][1]:,.2f}",
+             error(measured[name], value, units[name][1])] for i, (name, value) in enumerate(FP8_PUBLISHED.items())]
 
 
 def main() -> int:
@@ -156,11 +217,16 @@ def main() -> int:
     rows = report_rows(ISSUE_11, published, runs) + report_rows(BLOG, blog, single_runs)
     print(table(header, rows))
     print(f"\nrequests: {runs['virtual clock'].requests} per run at the published point, {single.count} alone.")
+    long = long_context()
+    print("\n" + table(["source", "figure", "published", "virtual clock (error)"], long_context_rows(long)))
+    print(f"\n{long['requests']:.0f} requests, {long['preemptions']:.0f} preemptions; V1 defaults {V1_DEFAULTS}.")
     if args.json:
         write_json(args.json, {"published_point": {"source": ISSUE_11, "published_s": published,
                                                    "runs": {k: asdict(v) for k, v in runs.items()}},
                                "concurrency_1": {"source": BLOG, "published_s": blog,
-                                                 "runs": {k: asdict(v) for k, v in single_runs.items()}}})
+                                                 "runs": {k: asdict(v) for k, v in single_runs.items()}},
+                               "long_context": {"source": FP8_BLOG, "published": FP8_PUBLISHED,
+                                                "virtual_clock": long}})
     return 0
 
 
