@@ -76,11 +76,13 @@ class SharedPrefix(BaseModel):
     """Prompts that open alike, as with a common system prompt: a prefix a server's prefix cache can reuse.
 
     Request n of worker w opens with prefix (n + w) mod ``distinct`` (round-robin), then a part of its own; the
-    prompt keeps exactly ``input_tokens`` tokens (see loadgen/prompts.py).
+    prompt keeps exactly ``input_tokens`` tokens (see loadgen/prompts.py). On chat the prefix is a system
+    message: ``tokens`` counts the templated prompt's opening up to the user message's first word.
     """
 
     model_config = STRICT
-    tokens: int = Field(gt=0, le=MAX_TOKENS, description="Tokens of each shared prefix; below input_tokens.")
+    tokens: int = Field(gt=0, le=MAX_TOKENS, description="Tokens of each shared prefix; below input_tokens (on "
+                        "chat: the template's opening and the framed system message, up to the user's words).")
     distinct: int = Field(1, gt=0, le=MAX_PREFIXES, description="How many different prefixes the requests share.")
 
 
@@ -96,7 +98,7 @@ class WorkloadSpec(BaseModel):
     input_tokens: int = Field(gt=0, le=MAX_TOKENS, description="Exact prompt length in tokens.")
     output_tokens: int = Field(gt=0, le=MAX_TOKENS, description="Exact output length (max_tokens with ignore_eos).")
     shared_prefix: SharedPrefix | None = Field(
-        None, description="A prefix shared by the prompts (completions only); none: every prompt is its own.")
+        None, description="A prefix shared by the prompts (on chat: a system message); none: every prompt is its own.")
     stream: bool = Field(True, description="Stream tokens (SSE); TTFT and ITL need it.")
     timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S, description="Whole-request timeout, seconds.")
     api_key: SecretStr | None = Field(
@@ -118,8 +120,6 @@ class WorkloadSpec(BaseModel):
         length = info.data.get("input_tokens")
         if prefix is None:
             return prefix
-        if info.data.get("endpoint") == "chat":
-            raise ValueError("needs endpoint: completions (chat prompts are text the server's tokenizer counts)")
         if length is not None and prefix.tokens >= length:
             raise ValueError(f"tokens ({prefix.tokens}) must be below input_tokens ({length}): every prompt "
                              "keeps a part of its own")

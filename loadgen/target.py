@@ -1,9 +1,10 @@
 """Turn a workload spec into the exact request to send: resolve the model, build a prompt of exactly
 ``input_tokens`` tokens, and set ``max_tokens`` + ``ignore_eos`` so the output is exactly ``output_tokens``.
 
-Completions get a list of token ids (exact by construction), each request its own (loadgen/prompts.py: an
-optional shared prefix, then a unique part). Chat gets text calibrated through the server's
-/tokenize (its own tokenizer and chat template), by bisection on the number of words. A request longer than the
+Every request gets a prompt of its own (loadgen/prompts.py: an optional shared prefix, then a unique part).
+Completions get token ids (exact by construction). Chat gets words calibrated through the server's /tokenize
+(its own tokenizer and chat template): once it has shown that each word is one token, the template's own count
+says how many words make the length, and one more count confirms it. A request longer than the
 server's max_model_len (from GET /v1/models) is refused here, before anything is sent: the server would reject
 every one of them.
 """
@@ -11,7 +12,7 @@ every one of them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
@@ -19,12 +20,8 @@ import numpy as np
 import requests
 
 from loadgen import http
-from loadgen.prompts import draw_prompt, prompt_bodies
+from loadgen.prompts import WORDS, chat_messages, draw_prompt, prompt_bodies
 from loadgen.spec import SpecError, WorkloadSpec
-
-_WORDS = ("time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school",
-          "state", "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week")
-MAX_CALIBRATION_CALLS = 40
 
 
 @dataclass(frozen=True)
@@ -78,12 +75,12 @@ def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None
     model = resolve_model(spec, base, models)
     check_length(spec, model, models)
     rng = np.random.default_rng(spec.seed)
-    prefixes: list[list[int]] = []
     body: dict = {"model": model, "stream": spec.stream, "ignore_eos": True}
     if spec.stream:
         body["stream_options"] = {"include_usage": True}
     if spec.endpoint == "chat":
-        body["messages"] = chat_messages(spec.input_tokens, rng, lambda m: _count_chat(base, session, headers, m))
+        prefixes, unique = chat_prompt(spec, rng, lambda m: _tokenize_chat(base, session, headers, m))
+        body["messages"] = chat_messages(prefixes[0] if prefixes else None, unique)
         body["max_completion_tokens"] = spec.output_tokens
         path = "/v1/chat/completions"
     else:
@@ -126,33 +123,70 @@ def check_length(spec: WorkloadSpec, model: str, models: list[dict] | Exception)
                         f"for {model}")
 
 
-def chat_messages(target: int, rng: np.random.Generator, count) -> list[dict]:
-    """One user message whose templated prompt is exactly ``target`` tokens, per ``count(messages)``."""
-    words = [str(w) for w in rng.choice(_WORDS, size=target)]
+def chat_prompt(spec: WorkloadSpec, rng: np.random.Generator,
+                tokenize: Callable[[list[dict]], list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Word numbers of a chat run's system prompts (its shared prefixes; none without ``shared_prefix``) and of
+    the user message, so that prompts are exactly ``input_tokens`` tokens and prompts with the same system prompt
+    share exactly ``shared_prefix.tokens`` (the template's opening and the framed system message: what a prefix
+    cache can reuse), per ``tokenize(messages)`` (the templated prompt's token ids)."""
+    _check_words_count_alike(tokenize)
+    shared, prefix = spec.shared_prefix, None
+    prefixes: list[list[int]] = []
+    if shared:
+        drawn = rng.integers(0, len(WORDS), size=(shared.distinct, shared.tokens)).tolist()
 
-    def messages(n: int) -> list[dict]:
-        return [{"role": "user", "content": " ".join(words[:n])}]
+        def common(k: int) -> int:  # tokens two prompts with the first k words of system prompt 0 share
+            first, second = (tokenize(chat_messages(drawn[0][:k], [word])) for word in (0, 1))
+            return _common_length(first, second)
 
-    low, high = 0, target  # invariant: count(low) <= target (the template alone must fit)
-    if count(messages(0)) > target:
-        raise SpecError(f"input_tokens: {target} is shorter than the chat template alone")
-    calls = 1
-    while low < high and calls < MAX_CALIBRATION_CALLS:
-        middle = (low + high + 1) // 2
-        calls += 1
-        if count(messages(middle)) <= target:
-            low = middle
-        else:
-            high = middle - 1
-    got = count(messages(low))
+        length = _words_for(common, shared.tokens, "shared_prefix.tokens", "the chat template's system message")
+        prefixes = [row[:length] for row in drawn]
+        prefix = prefixes[0]
+    unique = rng.integers(0, len(WORDS), size=spec.input_tokens).tolist()
+    length = _words_for(lambda n: len(tokenize(chat_messages(prefix, unique[:n]))), spec.input_tokens,
+                        "input_tokens", "the chat template" + (" and the system prompt" if shared else ""))
+    if length == 0:
+        raise SpecError(f"input_tokens: {spec.input_tokens} leaves no word for the user message, which makes each "
+                        "chat prompt its own")
+    return prefixes, unique[:length]
+
+
+def _words_for(count: Callable[[int], int], target: int, field: str, frame: str) -> int:
+    """How many words make ``count(words)`` exactly ``target``: each word is one token (checked), so the frame's
+    count alone says, and one more count confirms it."""
+    alone = count(0)
+    if alone > target:
+        raise SpecError(f"{field}: {target} is shorter than {frame} alone ({alone} tokens)")
+    got = count(target - alone)
     if got != target:
-        raise SpecError(f"input_tokens: this server's tokenizer cannot make a chat prompt of exactly {target} "
-                        f"tokens from whole words (closest {got}); use endpoint: completions")
-    return messages(low)
+        raise SpecError(f"{field}: this server's tokenizer cannot make a chat prompt of exactly {target} tokens from "
+                        f"whole words (closest {got}); use endpoint: completions")
+    return target - alone
 
 
-def _count_chat(base: str, session: requests.Session, headers: dict, messages: list[dict]) -> int:
+def _check_words_count_alike(tokenize: Callable[[list[dict]], list[int]]) -> None:
+    """Every word is one token, first in a message or after a space, so any words of a length make a prompt of
+    the same length: each request's own words keep the calibrated count."""
+    def user(text: str) -> list[dict]:
+        return [{"role": "user", "content": text}]
+
+    empty = len(tokenize(user("")))
+    alone = all(len(tokenize(user(word))) == empty + 1 for word in WORDS)
+    if not alone or len(tokenize(user(" ".join(WORDS)))) != empty + len(WORDS):
+        raise SpecError("endpoint: chat: this server's tokenizer does not count every prompt word as one token, so "
+                        "chat prompts cannot differ per request at an exact length; use endpoint: completions")
+
+
+def _common_length(first: list[int], second: list[int]) -> int:
+    differ = (i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    return next(differ, min(len(first), len(second)))
+
+
+def _tokenize_chat(base: str, session: requests.Session, headers: dict, messages: list[dict]) -> list[int]:
     reply = session.post(base + "/tokenize", json={"messages": messages}, headers=headers, timeout=10)
     if reply.status_code != 200:
         raise SpecError(f"endpoint: chat needs the server's /tokenize, which answered HTTP {reply.status_code}")
-    return int(reply.json()["count"])
+    ids = reply.json().get("tokens")
+    if not isinstance(ids, list):
+        raise SpecError("endpoint: chat needs the server's /tokenize to answer the prompt's token ids (tokens)")
+    return ids

@@ -1,4 +1,7 @@
-"""Each request's own prompt: exact length, the shared prefix round-robin, a unique part per request and worker."""
+"""Each request's own prompt: exact length, the shared prefix round-robin, a unique part per request and worker.
+
+Chat prompts are calibrated with the simulator's tokenizer, the one its /tokenize answers with.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,19 @@ import json
 
 import numpy as np
 
-from loadgen.prompts import draw_prompt, prompt_bodies
-from loadgen.spec import load_spec
+import pytest
+
+from batchscope.prompt_layout import prompt_ids
+from loadgen.prompts import chat_messages, draw_prompt, prompt_bodies
+from loadgen.spec import SpecError, load_spec
+from loadgen.target import chat_prompt
+from simulator.tokenizer import encode_chat
+
+BASE = ["input_tokens=40", "output_tokens=8", "load.mode=offline", "load.requests=1"]
 
 
 def bodies(overrides: list[str], worker: int = 0, count: int = 6) -> tuple[list[list[int]], list[dict]]:
-    spec = load_spec(None, ["input_tokens=40", "output_tokens=8", "load.mode=offline", "load.requests=1",
-                            *overrides])
+    spec = load_spec(None, [*BASE, *overrides])
     prefixes, unique = draw_prompt(spec, np.random.default_rng(spec.seed))
     template = {"model": "m", "prompt": (prefixes[0] if prefixes else []) + unique, "max_tokens": 8}
     stream = prompt_bodies(template, prefixes, worker)
@@ -38,6 +47,55 @@ def test_without_a_shared_prefix_prompts_differ_from_the_first_token_and_across_
     assert all(1000 <= token < 30000 for body in first + second for token in body["prompt"])
 
 
-def test_a_chat_body_is_sent_as_it_is():
-    body = {"model": "m", "messages": [{"role": "user", "content": "time year"}]}
-    assert set(itertools.islice(prompt_bodies(body, [], 0), 3)) == {json.dumps(body, separators=(",", ":")).encode()}
+def test_the_bodies_carry_the_layout_the_what_if_runs_use():
+    prefixes, sent = bodies(["shared_prefix.tokens=16", "shared_prefix.distinct=3"], worker=2)
+    _, unique = draw_prompt(load_spec(None, [*BASE, "shared_prefix.tokens=16", "shared_prefix.distinct=3"]),
+                            np.random.default_rng(1))
+    assert [body["prompt"] for body in sent] == [prompt_ids(prefixes, unique, n, worker=2) for n in range(6)]
+
+
+def chat(overrides: list[str], worker: int = 0, count: int = 6) -> tuple[list[list[int]], list[list[int]]]:
+    """A chat run's system prompts and the templated token ids of its first ``count`` requests."""
+    spec = load_spec(None, [*BASE, "endpoint=chat", "input_tokens=120", *overrides])
+    prefixes, unique = chat_prompt(spec, np.random.default_rng(spec.seed), encode_chat)
+    template = {"model": "m", "messages": chat_messages(prefixes[0] if prefixes else None, unique)}
+    stream = prompt_bodies(template, prefixes, worker)
+    return prefixes, [encode_chat(json.loads(body)["messages"]) for body in itertools.islice(stream, count)]
+
+
+def shared(first: list[int], second: list[int]) -> int:
+    return next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+
+
+def test_chat_prompts_are_each_their_own_at_the_exact_length():
+    _, first = chat([], worker=0)
+    _, second = chat([], worker=1)
+    prompts = first + second
+    assert all(len(ids) == 120 for ids in prompts)
+    assert len({tuple(ids) for ids in prompts}) == 12
+    # a worker's prompts share the template's opening (BOS and the user header) alone; across workers the same
+    # request number differs from the second word: below any block a cache could reuse either way
+    assert {shared(a, b) for a, b in itertools.combinations(first, 2)} == {5}
+    assert max(shared(a, b) for a, b in itertools.combinations(prompts, 2)) == 6
+
+
+def test_a_chat_shared_prefix_is_a_system_prompt_of_exactly_the_shared_tokens():
+    prefixes, prompts = chat(["shared_prefix.tokens=48", "shared_prefix.distinct=3"])
+    assert len(prefixes) == 3 and all(len(ids) == 120 for ids in prompts) and len({tuple(p) for p in prompts}) == 6
+    for n, m in itertools.combinations(range(6), 2):
+        assert shared(prompts[n], prompts[m]) == (48 if n % 3 == m % 3 else shared(prompts[0], prompts[1]))
+    assert shared(prompts[0], prompts[1]) < 16, "different system prompts share no block"
+
+
+@pytest.mark.parametrize(("overrides", "tokenize", "message"), [
+    (["shared_prefix.tokens=6"], encode_chat,
+     "shared_prefix.tokens: 6 is shorter than the chat template's system message alone (10 tokens)"),
+    (["input_tokens=5"], encode_chat, "input_tokens: 5 is shorter than the chat template alone (10 tokens)"),
+    (["input_tokens=10"], encode_chat, "input_tokens: 10 leaves no word for the user message"),
+    ([], lambda messages: list(json.dumps(messages)), "endpoint: chat: this server's tokenizer does not count"),
+])
+def test_chat_prompts_that_cannot_be_exact_are_refused_in_one_line(overrides, tokenize, message):
+    spec = load_spec(None, [*BASE, "endpoint=chat", "input_tokens=120", *overrides])
+    with pytest.raises(SpecError) as caught:
+        chat_prompt(spec, np.random.default_rng(1), tokenize)
+    assert str(caught.value).startswith(message)

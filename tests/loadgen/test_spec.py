@@ -46,7 +46,6 @@ def test_overrides_replace_nested_fields(tmp_path):
     (["colour=blue"], "spec: colour: Extra inputs are not permitted"),
     (["noequals"], "--set: expected key=value"),
     (["shared_prefix.tokens=1024"], "spec: shared_prefix: tokens (1024) must be below input_tokens (1024)"),
-    (["shared_prefix.tokens=64", "endpoint=chat"], "spec: shared_prefix: needs endpoint: completions"),
     (["shared_prefix.tokens=64", "shared_prefix.distinct=0"], "spec: shared_prefix.distinct: Input should be"),
     (["shared_prefix.distinct=2"], "spec: shared_prefix.tokens: Field required"),
     (["shared_prefix.tokens=9000", "shared_prefix.distinct=10000", "input_tokens=10000"],
@@ -58,6 +57,12 @@ def test_bad_fields_are_named(tmp_path, overrides, message):
     with pytest.raises(SpecError) as caught:
         load_spec(path, overrides)
     assert str(caught.value).startswith(message)
+
+
+def test_chat_takes_a_shared_prefix_too(tmp_path):
+    spec = load_spec(None, ["input_tokens=100", "output_tokens=8", "load.mode=offline", "load.requests=1",
+                            "endpoint=chat", "shared_prefix.tokens=64", "shared_prefix.distinct=2"])
+    assert spec.shared_prefix is not None and (spec.shared_prefix.tokens, spec.shared_prefix.distinct) == (64, 2)
 
 
 def test_cli_rejects_a_bad_spec_in_one_line_before_starting_locust(tmp_path):
