@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: test check lint run demo bench
+.PHONY: test check coverage lint run demo bench
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ check: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -m "not e2e and not slow" -q
+
+# What the fast tier covers of the code it must cover: the exporter, the load generator's summary and HTTP client.
+COVERED := exporter/*,loadgen/summary.py,loadgen/http.py
+coverage: $(BIN)/.installed
+	COVERAGE_FILE=$(VENV)/.coverage $(BIN)/python -m pytest -m "not e2e and not slow" -q \
+		--cov=exporter --cov=loadgen --cov-report=
+	COVERAGE_FILE=$(VENV)/.coverage $(BIN)/coverage report --include='$(COVERED)' --show-missing
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
