@@ -122,6 +122,10 @@ class RunControl:
             self._records_file.flush()
         return bool(self._incoming)
 
+    def backlog(self) -> int:
+        """Records received and not stored yet."""
+        return len(self._incoming)
+
     @property
     def in_flight(self) -> int:
         return sum(s.in_flight for s in self.senders.values())

@@ -9,6 +9,9 @@ import gevent
 
 SPIN_S = 0.002
 IDLE_NAP_S = 0.05
+# items queued beyond which the work takes its turn like any greenlet instead of waiting for an idle moment: a
+# saturated generator's loop is never idle, and its queues of finished records would grow without bound
+MAX_BACKLOG = 256
 
 
 def sleep_until(moment: float) -> None:
@@ -21,12 +24,16 @@ def sleep_until(moment: float) -> None:
         gevent.sleep(0)
 
 
-def work_when_idle(step: Callable[[], bool]) -> None:
-    """Call ``step`` whenever nothing else is ready to run; it returns whether work is left (else nap 50 ms).
+def work_when_idle(step: Callable[[], bool], backlog: Callable[[], int] = lambda: 0) -> None:
+    """Call ``step`` whenever nothing else is ready to run, or in turn with the others once ``backlog()`` passes
+    MAX_BACKLOG; ``step`` returns whether work is left (else nap 50 ms).
 
     For bookkeeping that must not delay the reading of the streams being timed.
     """
     while True:
-        gevent.idle()
+        if backlog() > MAX_BACKLOG:
+            gevent.sleep(0)
+        else:
+            gevent.idle()
         if not step():
             gevent.sleep(IDLE_NAP_S)

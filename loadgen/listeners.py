@@ -54,7 +54,7 @@ def on_init(environment: Environment, runner: Runner, web_ui=None, **_kwargs) ->
     options.batchscope_spec = spec.model_dump_json()  # custom options travel to workers with each spawn
     ctl = new_control(environment, spec)
     options.run_id = ctl.run_id  # travels to workers: request ids name their run
-    gevent.spawn(work_when_idle, lambda: ctl.drain(DRAIN_BATCH))  # store records off the hot path
+    gevent.spawn(work_when_idle, lambda: ctl.drain(DRAIN_BATCH), ctl.backlog)  # records stored off the hot path
     interrupts.install_controller(environment)
     if isinstance(runner, MasterRunner):
         messages.install_master(environment, runner)

@@ -33,7 +33,7 @@ class DeferredRequestEvents:
         self._environment = environment
         self._name = name
         self._pending: deque[RequestRecord] = deque()
-        self._greenlet = gevent.spawn(work_when_idle, self._feed_batch)
+        self._greenlet = gevent.spawn(work_when_idle, self._feed_batch, lambda: len(self._pending))
 
     def add(self, record: RequestRecord) -> None:
         self._pending.append(record)

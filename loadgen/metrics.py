@@ -147,7 +147,7 @@ class ClientMetricsCollector(Collector):
 def _saturation(generator: GeneratorLoad, names: list[str], labels: list[str]) -> Iterator[Metric]:
     saturated = GaugeMetricFamily("batchscope_client_saturated", "1 when the load generator itself is the "
                                   "bottleneck (a sender's CPU >= 90% of its core, or the median dispatch or "
-                                  "first-read lag over the last 10 s above 2 ms): its latencies then include its "
+                                  "first-read lag over the last 10 s above 5 ms): its latencies then include its "
                                   "own delay; run more workers.", labels=names)
     saturated.add_metric(labels, float(generator.saturated))
     yield saturated

@@ -24,7 +24,7 @@ def spec(concurrency: int, output_tokens: int) -> dict:
 
 
 @contextmanager
-def starved_core(spinners: int = 3):
+def starved_core(spinners: int = 5):
     """This process and its children pinned to one core that ``spinners`` busy loops keep busy."""
     allowed = os.sched_getaffinity(0)
     core = max(allowed)
@@ -45,7 +45,7 @@ def test_a_normal_run_is_not_flagged(simulator, tmp_path):
     assert result.returncode == 0, result.output[-3000:]
     generator = result.summary["generator"]
     assert generator["saturated"] is False and generator["advice"] is None, generator
-    assert 0 <= generator["cpu_share"] < 0.9 and generator["first_read_lag_p50_s"] < 0.002
+    assert 0 <= generator["cpu_share"] < 0.9 and generator["first_read_lag_p50_s"] < 0.005
     assert "kept up" in result.output
     assert merged_samples(result)[("batchscope_client_saturated", None)] == 0
 
@@ -58,5 +58,5 @@ def test_a_starved_generator_is_flagged_with_advice(simulator, tmp_path):
     generator = result.summary["generator"]
     assert generator["saturated"] is True, generator
     assert "--workers" in generator["advice"] and "SATURATED" in result.output
-    assert generator["first_read_lag_p50_s"] > 0.002 or generator["cpu_share"] >= 0.9
+    assert generator["first_read_lag_p50_s"] > 0.005 or generator["cpu_share"] >= 0.9
     assert merged_samples(result)[("batchscope_client_saturated", None)] == 1
