@@ -21,8 +21,8 @@ class Results:
     """Runs by client key (ref, gen, ref_poisson, gen_poisson), their bias samples, and the memory run."""
 
     runs: dict[str, list[Window]] = field(default_factory=dict)
-    pairs: dict[str, list[tuple[dict, dict]]] = field(default_factory=dict)
-    unmatched: dict[str, int] = field(default_factory=dict)
+    pairs: dict[str, list[list[tuple[dict, dict]]]] = field(default_factory=dict)  # per run
+    unmatched: dict[str, list[int]] = field(default_factory=dict)  # per run
     memory: MemoryResult | None = None
 
     def window(self, key: str) -> Window:
@@ -33,7 +33,13 @@ class Results:
         return self.memory
 
     def bias(self, key: str) -> Bias:
-        return bias_of(self.window(key).label, self.pairs[key], self.unmatched[key])
+        """Over every run of the client pooled."""
+        pooled_pairs = [pair for run in self.pairs[key] for pair in run]
+        return bias_of(self.window(key).label, pooled_pairs, sum(self.unmatched[key]))
+
+    def run_biases(self, key: str) -> list[Bias]:
+        return [bias_of(self.window(key).label, pairs, unmatched)
+                for pairs, unmatched in zip(self.pairs[key], self.unmatched[key], strict=True)]
 
 
 def run_phase(server: Server, results: Results, key: str, measure: Callable[[], tuple[Window, list[dict]]]) -> None:
@@ -43,8 +49,8 @@ def run_phase(server: Server, results: Results, key: str, measure: Callable[[], 
     server.wait_idle()
     pairs = match(timed, server.truth_since(offset))
     results.runs.setdefault(key, []).append(window)
-    results.pairs.setdefault(key, []).extend(pairs)
-    results.unmatched[key] = results.unmatched.get(key, 0) + len(timed) - len(pairs)
+    results.pairs.setdefault(key, []).append(pairs)
+    results.unmatched.setdefault(key, []).append(len(timed) - len(pairs))
 
 
 def run_phases(args: argparse.Namespace, workdir: Path) -> Results:
@@ -59,13 +65,14 @@ def run_phases(args: argparse.Namespace, workdir: Path) -> Results:
             tail = args.tail if args.tail is not None else 1.5 * request_s + 2
             run_phase(server, results, "gen", partial(measure_loadgen, server, args, workdir, closed, args.warmup,
                                                       tail, run=run))
-        if not args.no_poisson:
+        if not args.no_poisson:  # at the closed loop's request rate (the reference's, pooled so far)
             poisson = Load(args.streams, results.window("ref").tokens_per_s / args.output_tokens)
             warmup = args.warmup + request_s
-            run_phase(server, results, "ref_poisson", partial(measure_reference, server, args, workdir, poisson,
-                                                              warmup, run=1))
-            run_phase(server, results, "gen_poisson", partial(measure_loadgen, server, args, workdir, poisson,
-                                                              warmup, tail, run=1))
+            for run in range(1, args.repeat + 1):
+                run_phase(server, results, "ref_poisson", partial(measure_reference, server, args, workdir,
+                                                                  poisson, warmup, run=run))
+                run_phase(server, results, "gen_poisson", partial(measure_loadgen, server, args, workdir,
+                                                                  poisson, warmup, tail, run=run))
         results.memory = measure_memory(server, args, workdir)
     finally:
         server.sim.stop()

@@ -18,7 +18,7 @@ CONTENDED_CPU = 0.10  # other processes taking this share of a bench core make t
 
 SERVER_FLAGS = ("--profile", "tiny", "--max-num-seqs", "1024", "--max-num-batched-tokens", "8192",
                 "--gpu-memory-utilization", "0.98")
-MIN_RATIO = 0.70
+MIN_RATIO = 1.0  # tokens per CPU-second, the load generator's over the reference's (median of the runs)
 MAX_TTFT_BIAS_P99_MS = 2.0
 MAX_RSS_MB = 250.0
 
