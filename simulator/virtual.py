@@ -7,7 +7,8 @@ with ``FixedArrivals``), cutting what is in flight at the stop. The engine's fro
 (``engine.frontend``) apply as in the real-time server: a request reaches the engine after its input path, and
 the times recorded for its tokens include the output path; arrivals stay the client's. A timed run counts a
 request in flight, as its client does, from when it is sent until its last token has come back through the
-output path.
+output path. A timed run can give its requests prompt token ids (``prompts``), so the engine's prefix cache
+sees the same sharing as under the load generator's prompts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -202,6 +203,7 @@ class ArrivalSource(Protocol):
 
 
 StepObserver = Callable[[EngineCore, Step], None]
+PromptIds = Callable[[int], Sequence[int]]  # the prompt token ids of the n-th request sent (n from 0)
 
 
 @dataclass
@@ -217,7 +219,7 @@ class TimedResult(SimulationResult):
 
 def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf, *,
               max_in_flight: int | None = None, on_step: StepObserver | None = None,
-              max_steps: int = 5_000_000) -> TimedResult:
+              prompts: PromptIds | None = None, max_steps: int = 5_000_000) -> TimedResult:
     """Step ``engine`` under ``source`` until ``stop``, or, with no stop, until every request is back.
 
     At ``stop`` the run ends as the load generator's does: the step running then never delivers and the
@@ -246,6 +248,8 @@ def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf,
                 result.refused += 1  # keeps its index; open loop only (a closed loop never exceeds its users)
                 continue
             index = result.issued + result.refused
+            if prompts is not None:
+                spec = replace(spec, prompt_ids=tuple(prompts(result.issued)))
             arrivals[index] = spec.arrival
             heapq.heappush(transit, (spec.arrival + frontend.input_s(spec.prompt_len), index, spec))
             result.issued += 1

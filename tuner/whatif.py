@@ -1,9 +1,10 @@
 """What-if runs: one setting of a plan on the simulator's virtual clock, as a RunResult like a real run's.
 
 Same workload as the real-time run (``Plan.run_spec()``: warm-up, window, load mode and level, lengths, seed +
-repeat), same engine as `batchscope sim serve` (the plan's simulator profile, or the default h100 one for the
-command and docker backends), but stepped from event to event instead of in real time: a one-minute window
-takes a fraction of a second.
+repeat, and the prompts' token ids in the load generator's layout, so shared prefixes hit the prefix cache as
+they do in a real run), same engine as `batchscope sim serve` (the plan's simulator profile, or the default
+h100 one for the command and docker backends), but stepped from event to event instead of in real time: a
+one-minute window takes a fraction of a second.
 
 The figures follow the load generator's summary (loadgen/summary.py), with the virtual times for the client's:
 - the window is [warm-up, warm-up + window] (offline: to the last request's end); a request belongs to it when
@@ -19,19 +20,21 @@ offline repeats are identical, so their confidence intervals across repeats have
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import ValidationError
 
+from batchscope.prompt_layout import draw_ids, prompt_ids
 from batchscope.secrets import mask_argv
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
 from loadgen.summary import Distribution
 from simulator.config import Deployment, ServeConfig, validation_message
 from simulator.engine import EngineCore, Step
 from simulator.stats import EngineStats
-from simulator.virtual import ClosedLoop, FixedArrivals, RequestSpec, TimedResult, run_timed
+from simulator.virtual import ClosedLoop, FixedArrivals, PromptIds, RequestSpec, StepObserver, TimedResult, run_timed
 from tuner.plan import Plan, ServingParams, SimulatorBackend
 from tuner.results import ClientFigures, RequestSamples, RunResult, ServerSignals, now_iso
 
@@ -60,7 +63,7 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) ->
                                  f"{spec.input_tokens + spec.output_tokens} > max_model_len {deployment.max_model_len}")
     engine = deployment.new_engine()
     window = WindowStats(start=spec.warmup_s)
-    run = run_timed(engine, _source(spec, repeat), _stop(spec), max_in_flight=_cap(spec), on_step=window.observe)
+    run = simulate(spec, engine, repeat, on_step=window.observe)
     end = run.duration if isinstance(spec.load, OfflineLoad) else spec.warmup_s + spec.duration_s
     window.close(engine, end)
     server = window.signals(deployment.kv_plan.kv_cache_tokens)
@@ -68,6 +71,22 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) ->
     failure = None if client.completed else "no request completed in the measurement window"
     return RunResult(**base, finished_at=now_iso(), status="failed" if failure else "ok", failure=failure,
                      client=client, server=server, samples=samples)
+
+
+def simulate(spec: WorkloadSpec, engine: EngineCore, repeat: int, on_step: StepObserver | None = None) -> TimedResult:
+    """The load generator's run of ``spec`` (one sender) on ``engine``'s virtual clock, its prompts included."""
+    return run_timed(engine, _source(spec, repeat), _stop(spec), max_in_flight=_cap(spec), on_step=on_step,
+                     prompts=prompt_source(spec))
+
+
+def prompt_source(spec: WorkloadSpec) -> PromptIds:
+    """The prompt ids of the load generator's requests (one sender): its shared prefixes and unique parts, drawn
+    from the spec's seed as it draws them. A chat run's words become ids in the same layout; its prompts share
+    what its completions would (the chat template's opening aside: 5 tokens on the simulator, below a block)."""
+    shared = spec.shared_prefix
+    prefixes, unique = draw_ids(np.random.default_rng(spec.seed), spec.input_tokens,
+                                *((shared.tokens, shared.distinct) if shared else (0, 0)))
+    return functools.partial(prompt_ids, prefixes, unique)
 
 
 def _profile_and_seed(plan: Plan) -> tuple[str, int]:

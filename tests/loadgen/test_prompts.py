@@ -9,7 +9,6 @@ import itertools
 import json
 
 import numpy as np
-
 import pytest
 
 from batchscope.prompt_layout import prompt_ids

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from batchscope.prompt_layout import prompt_ids
 from simulator.config import Deployment, ServeConfig
 from simulator.engine import EngineCore, Step
 from simulator.virtual import ClosedLoop, FixedArrivals, RequestSpec, poisson_workload, run_timed, run_virtual
@@ -71,3 +72,19 @@ def test_open_loop_refuses_arrivals_beyond_max_in_flight() -> None:
     burst = [RequestSpec(0.0, 512, 32) for _ in range(50)]
     run = run_timed(engine_for(), FixedArrivals(burst), max_in_flight=20)
     assert run.issued == 20 and run.refused == 30 and len(run.records) == 20
+
+
+def test_prompts_are_numbered_by_the_requests_sent_and_shared_ids_hit_the_prefix_cache() -> None:
+    drawn: list[int] = []
+
+    def prompts(number: int) -> list[int]:  # 256 shared ids, then 256 of the request's own (layout's salt)
+        drawn.append(number)
+        return prompt_ids([[7] * 256], list(range(1000, 1256)), number)
+
+    # a burst of three at t=0 of which two are refused (one in flight at most), then one request a second
+    arrivals = [RequestSpec(0.0, 512, 16)] * 3 + [RequestSpec(float(t), 512, 16) for t in range(1, 6)]
+    engine = engine_for()
+    run = run_timed(engine, FixedArrivals(arrivals), max_in_flight=1, prompts=prompts)
+    assert run.refused == 2 and run.issued == 6 and drawn == list(range(6)), "refused arrivals draw no prompt"
+    assert engine.stats.prefix_cache_queries == 6 * 512
+    assert engine.stats.prefix_cache_hits == 5 * 256, "the first computes the prefix, the others hit it alone"

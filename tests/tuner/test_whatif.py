@@ -7,10 +7,11 @@ import time
 
 import pytest
 
+from simulator.config import Deployment, ServeConfig
 from simulator.profile import load_profile
 from tuner.plan import CommandBackend, Plan
 from tuner.results import RunResult
-from tuner.whatif import run_what_if
+from tuner.whatif import run_what_if, simulate
 
 PROFILE = "h100-llama-3.1-8b"
 USERS, INPUT, OUTPUT = 64, 2048, 256
@@ -135,3 +136,36 @@ def test_other_backends_preview_on_the_default_profile() -> None:
     plan = one_knob_plan(backend=CommandBackend(), window_s=5, warmup_s=1)
     run = run_what_if(plan, "baseline", plan.baseline, 0)
     assert run.status == "ok" and run.server.kv_capacity_tokens > 400_000
+
+
+def prefix_plan(shared: dict | None) -> Plan:
+    """One user at a time (each request after the last) with 528-token prompts; 256 of them shared."""
+    workload = {"input_tokens": 528, "output_tokens": 8, "seed": 5,
+                "load": {"mode": "concurrency", "concurrency": 1}}
+    return one_knob_plan(workload={**workload, "shared_prefix": shared} if shared else workload,
+                         warmup_s=0, window_s=5)
+
+
+def prefix_cache_counts(plan: Plan) -> tuple[int, int, int]:
+    """Requests sent, and the prefix cache's queried and hit tokens, in a what-if run of ``plan``'s baseline."""
+    params = plan.baseline
+    config = ServeConfig(model=params.model, max_model_len=params.max_model_len, profile=PROFILE)
+    engine = Deployment(config).new_engine()
+    run = simulate(plan.run_spec(), engine, repeat=0)
+    return run.issued, engine.stats.prefix_cache_queries, engine.stats.prefix_cache_hits
+
+
+def test_a_shared_prefix_plans_what_if_hits_the_cache_for_the_shared_tokens() -> None:
+    sent, queries, hits = prefix_cache_counts(prefix_plan({"tokens": 256, "distinct": 2}))
+    # as in the real run (tests/loadgen/test_shared_prefix.py): every prompt is queried once; each prefix is
+    # computed by its first request, and every later request hits its prefix and nothing else
+    assert sent > 20 and queries in (sent * 528, (sent - 1) * 528)  # the stop may cut one before it is scheduled
+    assert hits == (queries // 528 - 2) * 256
+
+
+def test_unique_prompts_what_if_hits_nothing_and_a_shared_prefix_cuts_ttft() -> None:
+    sent, queries, hits = prefix_cache_counts(prefix_plan(None))
+    assert sent > 20 and queries >= (sent - 1) * 528 and hits == 0  # the real run's prompts share nothing either
+    unique, shared = (run_what_if(prefix_plan(s), "baseline", prefix_plan(s).baseline, 0)
+                      for s in (None, {"tokens": 256}))
+    assert shared.client.ttft.mean < 0.75 * unique.client.ttft.mean
