@@ -156,6 +156,15 @@ class Plan(BaseModel):
     grafana_url: str | None = Field(None, description="Grafana to annotate each run as a region (optional).")
 
     @model_validator(mode="after")
+    def _run_ids_fit(self) -> Plan:
+        # every run's load is started with --run-id <plan>-<setting>-r<repeat>, which has a length bound
+        longest = self.run_id(max([BASELINE, *(v.name for v in self.variations)], key=len), self.repeats - 1)
+        if len(longest) > run_ids.RUN_ID_MAX_LENGTH:
+            raise ValueError(f"name and variation names too long: a run id (<name>-<variation>-r<repeat>) would "
+                             f"have {len(longest)} characters, at most {run_ids.RUN_ID_MAX_LENGTH}")
+        return self
+
+    @model_validator(mode="after")
     def _distinct_names(self) -> Plan:
         names = [v.name for v in self.variations]
         if BASELINE in names or len(set(names)) != len(names):
@@ -173,9 +182,18 @@ class Plan(BaseModel):
             out.append((variation.name, params))
         return out
 
+    def run_id(self, setting: str, repeat: int) -> str:
+        """The load run's --run-id of one run."""
+        return f"{self.name}-{run_name(setting, repeat)}"
+
     def run_spec(self) -> WorkloadSpec:
         """The workload of every run: the locked conditions with the plan's warm-up and window."""
         return self.workload.model_copy(update={"warmup_s": self.warmup_s, "duration_s": self.window_s})
+
+
+def run_name(setting: str, repeat: int) -> str:
+    """A run's folder under results/<plan>/."""
+    return f"{setting}-r{repeat}"
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -212,4 +230,5 @@ def one_line(exc: ValidationError, prefix: str = "") -> str:
     if kind in TAGGED_UNION_ERRORS:
         message = f"kind must be one of: {exc.errors()[0].get('ctx', {}).get('expected_tags', '')}" \
             if "backend" in field.split(".") else f"mode must be one of: {', '.join(LOAD_MODES)}"
-    return f"plan: {'.'.join(filter(None, [prefix, field])) or 'plan'}: {message}"
+    where = ".".join(filter(None, [prefix, field]))
+    return f"plan: {where}: {message}" if where else f"plan: {message}"  # a rule across fields names them itself

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 import batchscope
 from loadgen.spec import WorkloadSpec
 from loadgen.summary import Distribution
-from tuner.plan import ServingParams
+from tuner.plan import ServingParams, run_name
 
 SCHEMA_VERSION: Final = 1
 RUN_FILE = "run.json"
@@ -94,11 +94,6 @@ class RunResult(BaseModel):
     @property
     def run_name(self) -> str:
         return run_name(self.setting, self.repeat)
-
-
-def run_name(setting: str, repeat: int) -> str:
-    """The run's folder under results/<plan>/."""
-    return f"{setting}-r{repeat}"
 
 
 def now_iso() -> str:

@@ -172,7 +172,7 @@ def start_load(plan: Plan, run: PlannedRun, run_dir: Path, url: str) -> LoadProc
     port = free_port()
     out = run_dir / "load"
     argv = [sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec_path), "--host", url,
-            "--out", str(out), "--run-id", f"{plan.name}-{run.name}", "--metrics-port", str(port)]
+            "--out", str(out), "--run-id", plan.run_id(run.setting, run.repeat), "--metrics-port", str(port)]
     with open(run_dir / "load.log", "wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                    preexec_fn=die_with_parent)

@@ -16,6 +16,8 @@ from tests.tuner.support import tiny_plan, write_plan
     ({"baseline": {"max_model_len": 1024}}, "baseline.model"),
     ({"warmup_s": -1}, "warmup_s"),
     ({"backend": {"kind": "kubernetes"}}, "backend"),
+    # <plan>-<variation>-r<repeat> is the load run's --run-id, at most 128 characters
+    ({"name": "p" * 64, "variations": [{"name": "v" * 64, "set": {"max_num_seqs": 2}}]}, "name and variation names"),
 ])
 def test_a_bad_plan_is_one_line_naming_the_field(tmp_path, capsys, change, field):
     plan = write_plan(tmp_path, tiny_plan(**change))
