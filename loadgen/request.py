@@ -167,7 +167,7 @@ def measure(connection: Connection, target: Target, record: RequestRecord, extra
 
 
 def _exchange(connection: Connection, target: Target, record: RequestRecord, extra_headers: dict) -> RequestRecord:
-    request = http.encode_request(target.endpoint, target.encoded_body, {**target.headers, **extra_headers})
+    request = http.encode_request(target.endpoint, target.next_body(), {**target.headers, **extra_headers})
     reused = connection.is_open
     try:
         record.sent_s = connection.send(request)

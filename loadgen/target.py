@@ -29,7 +29,7 @@ class Target:
     """Where and what to send: the URL, headers, body, and the lengths the reply must have.
 
     ``body`` holds the first prompt; ``prefixes`` are the run's shared prefixes, and ``worker`` the sending
-    process, whose requests' prompts ``encoded_body`` varies.
+    process, whose requests' prompts ``next_body()`` varies.
     """
 
     url: str
@@ -50,9 +50,8 @@ class Target:
     def from_json(cls, text: str) -> Target:
         return cls(**json.loads(text))
 
-    @property
-    def encoded_body(self) -> bytes:
-        """The next request's body: each access draws the next prompt of this process."""
+    def next_body(self) -> bytes:
+        """The next request's encoded body: each call draws this process's next prompt."""
         return next(self._bodies)
 
     @cached_property
