@@ -1,5 +1,8 @@
 """A shared-prefix load against the simulator: the server's prefix cache serves exactly the shared tokens.
 
+On chat the prefix is a system prompt of exactly the shared tokens (template included) and each user message is
+the request's own, so the cache serves the same tokens as on completions and nothing past them.
+
 That a cache hit also cuts TTFT is shown on the virtual clock (tests/simulator/test_prefix_cache.py), free of
 this machine's timing noise.
 """
@@ -22,10 +25,11 @@ def counter(url: str, name: str) -> float:
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
-def test_a_shared_prefix_load_hits_the_cache_for_the_shared_tokens_only(simulator, tmp_path):
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_a_shared_prefix_load_hits_the_cache_for_the_shared_tokens_only(simulator, tmp_path, endpoint):
     sim = simulator("--profile", "tiny")
-    spec = {"input_tokens": INPUT, "output_tokens": 8, "timeout_s": 30, "seed": 5, "duration_s": 2,
-            "shared_prefix": {"tokens": PREFIX, "distinct": DISTINCT},
+    spec = {"endpoint": endpoint, "input_tokens": INPUT, "output_tokens": 8, "timeout_s": 30, "seed": 5,
+            "duration_s": 2, "shared_prefix": {"tokens": PREFIX, "distinct": DISTINCT},
             "load": {"mode": "concurrency", "concurrency": 1}}  # one user: each request comes after the last
     result = run_load(tmp_path, spec, sim.url)
     assert result.returncode == 0, result.output[-3000:]
