@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import TypedDict
 
 import requests
 
@@ -19,6 +20,14 @@ from exporter.config import ServingConfig
 
 log = logging.getLogger("batchscope.exporter")
 RESTART_TOLERANCE_S = 1.0
+
+
+class Annotation(TypedDict):
+    """The body of Grafana's POST /api/annotations (an organization annotation)."""
+
+    time: int  # Unix milliseconds
+    tags: list[str]
+    text: str
 
 
 class GrafanaAnnotator:
@@ -35,20 +44,20 @@ class GrafanaAnnotator:
         self._max_attempts = max_attempts
         self._first_backoff_s = first_backoff_s
         self._max_backoff_s = max_backoff_s
-        self._queue: queue.Queue[dict] = queue.Queue()
+        self._queue: queue.Queue[Annotation] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="grafana-annotations", daemon=True)
         self._thread.start()
 
     def post(self, text: str, when_s: float, tags: list[str]) -> None:
         """Queue one annotation (returns at once)."""
-        self._queue.put({"time": int(when_s * 1000), "tags": tags, "text": text})
+        self._queue.put(Annotation(time=int(when_s * 1000), tags=tags, text=text))
 
     def _run(self) -> None:
         while True:
             body = self._queue.get()
             self._deliver(body)
 
-    def _deliver(self, body: dict) -> None:
+    def _deliver(self, body: Annotation) -> None:
         delay = self._first_backoff_s
         for attempt in range(1, self._max_attempts + 1):
             try:

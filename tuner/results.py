@@ -12,7 +12,7 @@ import os
 import platform
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, Field
 
@@ -94,6 +94,19 @@ class RunResult(BaseModel):
     @property
     def run_name(self) -> str:
         return run_name(self.setting, self.repeat)
+
+
+class RunStart(TypedDict):
+    """The RunResult fields known when a run starts, shared by its every outcome (failed start, failed or ok)."""
+
+    plan: str
+    setting: str
+    repeat: int
+    mode: Literal["real-time", "what-if"]
+    params: ServingParams
+    conditions: WorkloadSpec
+    started_at: str
+    command_line: NotRequired[list[str]]
 
 
 def now_iso() -> str:

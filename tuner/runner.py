@@ -25,11 +25,11 @@ from pathlib import Path
 import requests
 import yaml
 
-from tuner.backends import Server, Started, StartFailed, die_with_parent, free_port, make_server, stop_process, tail
+from tuner.backends import Server, StartFailed, die_with_parent, free_port, make_server, stop_process, tail
 from tuner.compare import changed_params
 from tuner.plan import Plan, PlanError, ServingParams
 from tuner.progress import Progress, read_client
-from tuner.results import PLAN_FILE, RUN_FILE, RunResult, now_iso, run_name, save, write_atomically
+from tuner.results import PLAN_FILE, RUN_FILE, RunResult, RunStart, now_iso, run_name, save, write_atomically
 from tuner.signals import MetricsPoint, client_figures, parse_metrics, read_summary, request_samples, server_signals
 
 SAMPLE_INTERVAL_S = 1.0
@@ -123,13 +123,14 @@ def run_one(plan: Plan, run: PlannedRun, run_dir: Path, server: Server, progress
     """Start, measure, stop; a start failure or a server gone mid-run is a failed run, not an exception."""
     run_dir.mkdir(parents=True)
     started_at = now_iso()
-    base = {"plan": plan.name, "setting": run.setting, "repeat": run.repeat, "mode": "real-time",
-            "params": run.params, "conditions": plan.run_spec(), "started_at": started_at}
+    base = RunStart(plan=plan.name, setting=run.setting, repeat=run.repeat, mode="real-time", params=run.params,
+                    conditions=plan.run_spec(), started_at=started_at)
     progress.set_phase("starting server")
     try:
         started = server.start(run.params, run_dir / "server.log")
     except StartFailed as exc:
         return RunResult(**base, finished_at=now_iso(), status="failed", failure=str(exc), log_tail=exc.log_tail)
+    base["command_line"] = started.command_line
     sampler = MetricsSampler(started.url, run_dir / "metrics-samples.jsonl")
     load = None
     try:
@@ -146,10 +147,9 @@ def run_one(plan: Plan, run: PlannedRun, run_dir: Path, server: Server, progress
         log_tail = server.log_tail()
         server.stop()
     if died:
-        return RunResult(**base, command_line=started.command_line, finished_at=now_iso(), status="failed",
-                         failure=died, log_tail=log_tail)
+        return RunResult(**base, finished_at=now_iso(), status="failed", failure=died, log_tail=log_tail)
     points = [p for p in (before, *sampler.points, after) if p is not None]
-    result, window = measured(plan, base, started, load, points, run_dir)
+    result, window = measured(plan, base, started.kv_capacity_tokens, load, points, run_dir)
     if window is not None:
         annotate(plan, run, *window)
     return result
@@ -197,23 +197,24 @@ def follow_load(plan: Plan, load: LoadProcess, server: Server, progress: Progres
         progress.update_client(read_client(load.metrics_port))
 
 
-def measured(plan: Plan, base: dict, started: Started, load: LoadProcess, points: list[MetricsPoint],
-             run_dir: Path) -> tuple[RunResult, tuple[float, float] | None]:
+def measured(plan: Plan, base: RunStart, kv_capacity_tokens: int | None, load: LoadProcess,
+             points: list[MetricsPoint], run_dir: Path) -> tuple[RunResult, tuple[float, float] | None]:
     """The RunResult from what the run left (the summary's figures, the records, the /metrics points), and the
     measurement window (Unix seconds) when there was one."""
     code = load.process.returncode
     summary = read_summary(load.out)
-    common = {**base, "command_line": started.command_line, "finished_at": now_iso()}
+    finished_at = now_iso()
     if summary is None:
         last = (tail((run_dir / "load.log").read_text(errors="replace"), 1) or ["no output"])[-1]
-        return RunResult(**common, status="failed",
+        return RunResult(**base, finished_at=finished_at, status="failed",
                          failure=f"load generator exited with status {code} and wrote no summary: {last}"), None
     window_end = summary.window_start_s + summary.effective_duration_s
     failure = summary.failure or (f"load generator exited with status {code}" if code else None)
-    signals = server_signals(points, summary.window_start_s, window_end, started.kv_capacity_tokens) \
+    signals = server_signals(points, summary.window_start_s, window_end, kv_capacity_tokens) \
         if points else None
-    result = RunResult(**common, status="failed" if code else "ok", failure=failure, client=client_figures(summary),
-                       samples=request_samples(load.out / "records.jsonl", summary), server=signals,
+    result = RunResult(**base, finished_at=finished_at, status="failed" if code else "ok", failure=failure,
+                       client=client_figures(summary), samples=request_samples(load.out / "records.jsonl", summary),
+                       server=signals,
                        prometheus=query_prometheus(plan.prometheus_url, summary.window_start_s, window_end))
     return result, (summary.window_start_s, window_end)
 

@@ -36,7 +36,7 @@ from simulator.engine import EngineCore, Step
 from simulator.stats import EngineStats
 from simulator.virtual import ClosedLoop, FixedArrivals, PromptIds, RequestSpec, StepObserver, TimedResult, run_timed
 from tuner.plan import Plan, ServingParams, SimulatorBackend
-from tuner.results import ClientFigures, RequestSamples, RunResult, ServerSignals, now_iso
+from tuner.results import ClientFigures, RequestSamples, RunResult, RunStart, ServerSignals, now_iso
 
 DEFAULT_PROFILE = SimulatorBackend().profile
 
@@ -48,8 +48,8 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) ->
     profile, seed = _profile_and_seed(plan)
     command = mask_argv(["batchscope", "sim", "serve", params.model, *params.flags(), "--profile", profile,
                          "--seed", str(seed)])
-    base = dict(plan=plan.name, setting=setting, repeat=repeat, mode="what-if", params=params, conditions=spec,
-                command_line=command, started_at=started)
+    base = RunStart(plan=plan.name, setting=setting, repeat=repeat, mode="what-if", params=params, conditions=spec,
+                    command_line=command, started_at=started)
     try:
         deployment = _deployment(params, profile, seed)
     except ValueError as exc:  # ValidationError is a ValueError too
