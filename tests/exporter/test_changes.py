@@ -9,17 +9,10 @@ import logging
 from exporter.changes import ChangeTracker, GrafanaAnnotator
 from exporter.config import ServingConfig
 from tests.conftest import wait_until
+from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply, json_reply
 
 BASE = ServingConfig(model="m", max_num_seqs="64", max_num_batched_tokens="2048")
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Posted:

@@ -15,6 +15,7 @@ from exporter.changes import ChangeTracker
 from exporter.collector import BatchscopeCollector, ExporterSources, kv_capacity
 from exporter.config import ServingConfig
 from exporter.docker_source import ContainerView
+from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply, json_reply
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -70,14 +71,6 @@ class Upstream:
     def stop(self) -> None:
         self.vllm.stop()
         self.loadgen.stop()
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

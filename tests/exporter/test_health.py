@@ -12,19 +12,12 @@ from exporter.changes import ChangeTracker
 from exporter.collector import BatchscopeCollector, ExporterSources
 from exporter.health import DownCause, DownReporter, shown_url
 from tests.conftest import free_port, wait_until
+from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply
 
 REFUSED = DownCause("refused", "connection refused")
 TIMEOUT = DownCause("timeout", "timeout after 2 s")
 URL = "http://127.0.0.1:8000/metrics"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
