@@ -137,9 +137,11 @@ def test_a_real_prometheus_stores_the_vllm_names_intact(simulator, exporters, tm
                 found = reply.json()["data"]
             except (requests.RequestException, ValueError, KeyError):
                 return None
-            return found if "vllm:num_requests_running" in found else None
+            # both sides of one scrape: a first look may come while Prometheus is still appending it
+            return found if {"vllm:num_requests_running", "batchscope_up"} <= set(found) else None
 
-        stored = wait_until(names, timeout_s=60, interval_s=0.5, message="Prometheus to store the vllm: series")
+        stored = wait_until(names, timeout_s=60, interval_s=0.5,
+                            message="Prometheus to store the vllm: series and batchscope_up")
     finally:
         prometheus.terminate()
         prometheus.wait(timeout=20)
