@@ -7,7 +7,9 @@ from collections.abc import Callable
 
 import gevent
 
-SPIN_S = 0.002
+# libev rounds a timer's wait up to the next millisecond: sleeping until 1 ms before the moment, then yielding,
+# wakes in time without spinning longer than needed (the spin is CPU taken from the streams)
+SPIN_S = 0.001
 IDLE_NAP_S = 0.05
 # items queued beyond which the work takes its turn like any greenlet instead of waiting for an idle moment: a
 # saturated generator's loop is never idle, and its queues of finished records would grow without bound

@@ -86,16 +86,19 @@ class TokenStream:
     def feed(self, chunk: bytes, now: float) -> None:
         """Body bytes that arrived at ``now``: every event they complete is read (an event may span reads,
         and one read may complete several)."""
-        if (not self._buffer and chunk.startswith(b"data:") and chunk.count(b"\n") == 2
-                and chunk.endswith(b"\n\n") and self._plain_token(chunk)):
-            # the usual case, one token event per chunk, inlined: every streamed token passes through here
-            if self.first is None:
-                self.first = now
-                self.first_read_lag = time.time() - now
-            else:
-                self.gaps.append(now - self.last)
-            self.last = now
-            return
+        if not self._buffer and chunk.startswith(b"data:") and chunk.endswith(b"\n\n") and chunk.count(b"\n") == 2:
+            # the usual case, one whole event in the chunk, checked (as _plain_token) and counted inline: every
+            # streamed token passes through here
+            start = chunk.find(self._key) + len(self._key)
+            if (start >= len(self._key) and chunk[start] != 34  # 34: '"', an empty text
+                    and b'"usage"' not in chunk and b'"error"' not in chunk):
+                if self.first is None:
+                    self.first = now
+                    self.first_read_lag = time.time() - now
+                else:
+                    self.gaps.append(now - self.last)
+                self.last = now
+                return
         self._buffer += chunk
         if b"\n\n" in self._buffer:
             *events, self._buffer = self._buffer.split(b"\n\n")
@@ -193,9 +196,10 @@ def _exchange(connection: Connection, target: Target, record: RequestRecord, ext
 def _read_stream(connection: Connection, chunks: Iterator[bytes], target: Target, record: RequestRecord
                  ) -> RequestRecord:
     stream = TokenStream(target.chat)
+    feed = stream.feed
     try:  # timings are kept even when the stream breaks, times out or is aborted
         for chunk in chunks:
-            stream.feed(chunk, connection.arrived_s)  # when the bytes arrived, not when this greenlet got to them
+            feed(chunk, connection.arrived_s)  # when the bytes arrived, not when this greenlet got to them
     finally:
         _fill_timing(record, stream.first, stream.last, stream.gaps)
         record.first_read_lag_s = stream.first_read_lag

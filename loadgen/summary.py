@@ -97,8 +97,9 @@ class Summary(BaseModel):
     failure: str | None = Field(description="Why the run failed (exit status 4): no request completed in the "
                                 "window, or more than spec.max_failed_fraction of those that ended in it failed; "
                                 "null when it did not.")
-    generator: GeneratorLoad = Field(description="Whether the load generator itself was the bottleneck "
-                                     "(loadgen/saturation.py).")
+    generator: GeneratorLoad | None = Field(None, description="Whether the load generator itself was the "
+                                            "bottleneck (loadgen/saturation.py); null in summaries written before "
+                                            "it was measured.")
 
 
 def summarize(spec: WorkloadSpec, figures: RunFigures, stats: ClientStats, generator: GeneratorLoad, *,
@@ -171,7 +172,8 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
     head.add_row("peak concurrency", str(summary.peak_concurrency))
     lag = summary.dispatch_lag_p99_s
     head.add_row("dispatch lag p99 (ms)", "-" if lag is None else f"{lag * 1000:.2f}")
-    head.add_row("generator", generator_line(summary.generator))
+    if summary.generator is not None:
+        head.add_row("generator", generator_line(summary.generator))
     console.print(head)
     latencies = Table(title="latency (ms)")
     for column in ("metric", "count", "mean", "p50", "p90", "p99"):
