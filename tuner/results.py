@@ -65,6 +65,18 @@ class ServerSignals(BaseModel):
     kv_usage_peak: float = Field(description="Largest vllm:kv_cache_usage_perc sampled in the window (0-1).")
     kv_usage_mean: float = Field(description="Mean vllm:kv_cache_usage_perc over the window's samples (0-1).")
     kv_capacity_tokens: int | None = Field(description="Tokens the KV cache holds ('GPU KV cache size').")
+    prefix_cache_queries: float | None = Field(None, description="Increase of vllm:prefix_cache_queries_total over "
+                                               "the window: prompt tokens looked up in the prefix cache (None: "
+                                               "not exposed, or a run recorded before it was).")
+    prefix_cache_hits: float | None = Field(None, description="Increase of vllm:prefix_cache_hits_total over the "
+                                            "window: of those, tokens found cached (None as above).")
+    prefix_cache_hit_rate: float | None = Field(None, description="prefix_cache_hits / prefix_cache_queries (0-1, "
+                                                "vLLM's definition); None when nothing was queried.")
+
+
+def hit_rate(queries: float | None, hits: float | None) -> float | None:
+    """The prefix cache's hit rate, vLLM's way (hit tokens / queried tokens); None when nothing was queried."""
+    return hits / queries if queries and hits is not None else None
 
 
 class RunResult(BaseModel):

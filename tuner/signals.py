@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from loadgen.request import RequestRecord
 from loadgen.summary import Summary, in_window
-from tuner.results import ClientFigures, RequestSamples, ServerSignals
+from tuner.results import ClientFigures, RequestSamples, ServerSignals, hit_rate
 
 CACHE_INFO = "vllm:cache_config_info"
 
@@ -62,6 +62,10 @@ def server_signals(points: list[MetricsPoint], window_start: float, window_end: 
     def delta(name: str) -> float:
         return max(last.values.get(name, 0.0) - first.values.get(name, 0.0), 0.0)
 
+    def counted(name: str) -> float | None:
+        """The delta of a counter the server may not expose (older vLLM): None rather than a made-up 0."""
+        return delta(name) if name in last.values else None
+
     def mean(histogram: str) -> float | None:
         count = delta(f"{histogram}_count")
         return delta(f"{histogram}_sum") / count if count else None
@@ -70,6 +74,7 @@ def server_signals(points: list[MetricsPoint], window_start: float, window_end: 
         return [p.values.get(name, 0.0) for p in inside]
 
     kv = gauge("vllm:kv_cache_usage_perc")
+    queries, hits = counted("vllm:prefix_cache_queries_total"), counted("vllm:prefix_cache_hits_total")
     return ServerSignals(
         preemptions=delta("vllm:num_preemptions_total"),
         prompt_tokens=delta("vllm:prompt_tokens_total"),
@@ -84,6 +89,7 @@ def server_signals(points: list[MetricsPoint], window_start: float, window_end: 
         kv_usage_peak=max(kv),
         kv_usage_mean=sum(kv) / len(kv),
         kv_capacity_tokens=kv_capacity_tokens,
+        prefix_cache_queries=queries, prefix_cache_hits=hits, prefix_cache_hit_rate=hit_rate(queries, hits),
     )
 
 

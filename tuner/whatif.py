@@ -36,7 +36,7 @@ from simulator.engine import EngineCore, Step
 from simulator.stats import EngineStats
 from simulator.virtual import ClosedLoop, FixedArrivals, PromptIds, RequestSpec, StepObserver, TimedResult, run_timed
 from tuner.plan import Plan, ServingParams, SimulatorBackend
-from tuner.results import ClientFigures, RequestSamples, RunResult, RunStart, ServerSignals, now_iso
+from tuner.results import ClientFigures, RequestSamples, RunResult, RunStart, ServerSignals, hit_rate, now_iso
 
 DEFAULT_PROFILE = SimulatorBackend().profile
 
@@ -173,14 +173,17 @@ class WindowStats:
             queue_time_mean_s=mean("queue"), prefill_time_mean_s=mean("prefill"), decode_time_mean_s=mean("decode"),
             tokens_per_step_mean=mean("step_tokens"), max_waiting=self.max_waiting, max_running=self.max_running,
             kv_usage_peak=self.kv_peak, kv_usage_mean=self.kv_area / max(self.end - self.start, 1e-9),
-            kv_capacity_tokens=kv_capacity_tokens)
+            kv_capacity_tokens=kv_capacity_tokens, prefix_cache_queries=delta["prefix_queries"],
+            prefix_cache_hits=delta["prefix_hits"],
+            prefix_cache_hit_rate=hit_rate(delta["prefix_queries"], delta["prefix_hits"]))
 
 
 def snapshot(stats: EngineStats) -> dict[str, float]:
     """The counters and histogram sums/counts the window's signals are deltas of."""
     values: dict[str, float] = {"preemptions": stats.num_preemptions, "prompt_tokens": stats.prompt_tokens,
               "generation_tokens": stats.generation_tokens,
-              "finished": sum(n for reason, n in stats.request_success.items() if reason != "abort")}
+              "finished": sum(n for reason, n in stats.request_success.items() if reason != "abort"),
+              "prefix_queries": stats.prefix_cache_queries, "prefix_hits": stats.prefix_cache_hits}
     for name, histogram in (("queue", stats.request_queue_time), ("prefill", stats.request_prefill_time),
                             ("decode", stats.request_decode_time), ("step_tokens", stats.iteration_tokens)):
         values[f"{name}_sum"], values[f"{name}_count"] = histogram.sum, histogram.count

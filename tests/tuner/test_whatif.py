@@ -161,6 +161,12 @@ def test_a_shared_prefix_plans_what_if_hits_the_cache_for_the_shared_tokens() ->
     # computed by its first request, and every later request hits its prefix and nothing else
     assert sent > 20 and queries in (sent * 528, (sent - 1) * 528)  # the stop may cut one before it is scheduled
     assert hits == (queries // 528 - 2) * 256
+    # the run's signals carry the same hits: the window starts at 0 and the first request of each prefix misses
+    plan = prefix_plan({"tokens": 256, "distinct": 2})
+    server = run_what_if(plan, "baseline", plan.baseline, 0).server
+    assert server is not None and server.prefix_cache_hits == hits
+    assert server.prefix_cache_queries is not None and queries - 528 <= server.prefix_cache_queries <= queries
+    assert server.prefix_cache_hit_rate == pytest.approx(hits / server.prefix_cache_queries)
 
 
 def test_unique_prompts_what_if_hits_nothing_and_a_shared_prefix_cuts_ttft() -> None:
@@ -169,3 +175,4 @@ def test_unique_prompts_what_if_hits_nothing_and_a_shared_prefix_cuts_ttft() -> 
     unique, shared = (run_what_if(prefix_plan(s), "baseline", prefix_plan(s).baseline, 0)
                       for s in (None, {"tokens": 256}))
     assert shared.client.ttft.mean < 0.75 * unique.client.ttft.mean
+    assert unique.server is not None and unique.server.prefix_cache_hit_rate == 0.0
