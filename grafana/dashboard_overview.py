@@ -78,14 +78,21 @@ def overview() -> dict:
         target(f"sum by (scenario) (batchscope_client_requests_in_flight{{{SCENARIO}}})",
                "client in flight {{scenario}}"),
     ], "none", "In flight at the client minus running minus waiting = requests not yet inside the scheduler."),
-        "max_num_seqs"), 8)
+        "max_num_seqs"), 6)
     layout.add(timeseries("KV cache usage", [
         target(f"max by (model_name) (vllm:kv_cache_usage_perc{{{MODEL}}})", "{{model_name}}"),
-    ], "percentunit", "Share of KV blocks in use (1 = full); near 1 the scheduler preempts.", max_value=1), 8)
+    ], "percentunit", "Share of KV blocks in use (1 = full); near 1 the scheduler preempts.", max_value=1), 6)
+    layout.add(timeseries("Prefix cache hit rate", [
+        target(f"sum by (model_name) (rate(vllm:prefix_cache_hits_total{{{MODEL}}}[$__rate_interval]))"
+               f" / sum by (model_name) (rate(vllm:prefix_cache_queries_total{{{MODEL}}}[$__rate_interval]))",
+               "{{model_name}}"),
+    ], "percentunit", "vLLM's definition: prompt tokens found in the prefix cache / prompt tokens looked up "
+                      "(vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total, rates). Hit tokens skip "
+                      "prefill; no line while nothing is looked up.", max_value=1), 6)
     layout.add(timeseries("Preemptions /s", [
         target(f"model:vllm_preemptions:rate1m{{{MODEL}}}", "{{model_name}}"),
     ], "short", "Running requests evicted for lack of KV blocks; each is recomputed later.",
-        axis_label="preemptions/s"), 8)
+        axis_label="preemptions/s"), 6)
     decomposition = timeseries("TTFT decomposition (means, stacked)", [
         target(f"model:vllm_queue_time_seconds:mean1m{{{MODEL}}}", "scheduler queue {{model_name}}"),
         target(f"model:vllm_prefill_time_seconds:mean1m{{{MODEL}}}", "prefill {{model_name}}"),
@@ -101,11 +108,16 @@ def overview() -> dict:
                        {"id": "custom.fillOpacity", "value": 0},
                        {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}],
     }]
-    layout.add(decomposition, 12)
+    layout.add(decomposition, 10)
+    layout.add(stat("Load generator saturated", [
+        target(f"max(batchscope_client_saturated{{{SCENARIO}}})", "saturated")], "none",
+        "1 when the load generator is itself the bottleneck (a sender's CPU >= 90% of its core, or its dispatch "
+        "or first-read lag above 5 ms): the client - server TTFT gap then includes the client's own delay, not "
+        "only the network's and the API server's. Rerun with more processes (`--workers N`)."), 4)
     layout.add(with_config_line(timeseries("Tokens per step (red line: max_num_batched_tokens)", [
         target(f"model:vllm_iteration_tokens:mean1m{{{MODEL}}}", "mean tokens per step {{model_name}}"),
     ], "none", "Prompt + generation tokens of an engine step, against the step budget max_num_batched_tokens.",
-        axis_label="tokens"), "max_num_batched_tokens"), 12)
+        axis_label="tokens"), "max_num_batched_tokens"), 10)
 
     layout.row("Errors and alerts", "Are requests failing, and is any alert firing?")
     layout.add(timeseries("Client errors by outcome", [
