@@ -9,8 +9,9 @@ two order statistics around the rank as numpy's default (linear) percentile does
 the exact figure. Merging two sketches adds their arrays.
 
 Memory is fixed (~3,700 counts, 30 KB) whatever the number of gaps; adding a request's gaps is one vectorised
-pass (a few µs for 256 gaps). Measured against ddsketch 3.0.1 (pure Python, ~0.4 µs per value added one by one)
-and hdrhistogram 0.10.8 (~0.5 µs per value): numpy in bulk is tens of times cheaper per gap, with no dependency.
+pass (~0.25 µs per gap, a few tens of µs for 256 gaps). Measured against ddsketch 3.0.1 (pure Python, ~4 µs per
+value added one by one) and hdrhistogram 0.10.8 (~7.5 µs per value): numpy in bulk is over ten times cheaper per
+gap, with no dependency.
 """
 
 from __future__ import annotations
