@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from loadgen.control import RunControl
 from loadgen.request import RequestRecord
 from loadgen.spec import load_spec
 from loadgen.webui import MIN_READ_INTERVAL_S, ServerMetrics, Window, rows
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 from tests.stubs import HttpStub, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,12 +136,6 @@ def test_server_rows_say_unreachable_and_when_a_late_baseline_counts_from(tmp_pa
     links = {r["figure"]: r["value"] for r in rows(ctl, Window(), grafana_url=GRAFANA)}
     assert links["Grafana overview"] == "http://grafana.test:3000/d/batchscope-overview"
     assert links["Grafana comparison"] == "http://grafana.test:3000/d/batchscope-comparison"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ui_answers(url: str) -> bool:
