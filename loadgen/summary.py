@@ -28,7 +28,7 @@ from loadgen.metrics import ClientStats
 from loadgen.saturation import GeneratorLoad
 from loadgen.sketch import GapSketch
 from loadgen.spec import PoissonLoad, WorkloadSpec
-from loadgen.window import final_window, in_window  # noqa: F401 (in_window: tuner/signals.py reads it here)
+from loadgen.window import final_window
 
 SUMMARY_SCHEMA_VERSION = 2  # 2: window = requests that ended in it; offered rate; failure
 

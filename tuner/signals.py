@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
 from loadgen.request import RequestRecord
-from loadgen.summary import Summary, in_window
+from loadgen.summary import Summary
+from loadgen.window import in_window
 from tuner.results import ClientFigures, RequestSamples, ServerSignals, hit_rate
 
 CACHE_INFO = "vllm:cache_config_info"
