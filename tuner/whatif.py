@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import ValidationError
 
-from batchscope.prompt_layout import draw_ids, prompt_ids
+from batchscope.prompt_layout import prompt_ids
 from batchscope.secrets import mask_argv
+from loadgen.prompts import draw_prompt
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
 from loadgen.summary import Distribution
 from simulator.config import Deployment, ServeConfig, validation_message
@@ -83,9 +84,7 @@ def prompt_source(spec: WorkloadSpec) -> PromptIds:
     """The prompt ids of the load generator's requests (one sender): its shared prefixes and unique parts, drawn
     from the spec's seed as it draws them. A chat run's words become ids in the same layout; its prompts share
     what its completions would (the chat template's opening aside: 5 tokens on the simulator, below a block)."""
-    shared = spec.shared_prefix
-    prefixes, unique = draw_ids(np.random.default_rng(spec.seed), spec.input_tokens,
-                                *((shared.tokens, shared.distinct) if shared else (0, 0)))
+    prefixes, unique = draw_prompt(spec, np.random.default_rng(spec.seed))
     return functools.partial(prompt_ids, prefixes, unique)
 
 
