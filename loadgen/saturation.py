@@ -40,8 +40,8 @@ class GeneratorLoad(BaseModel):
     dispatch_lag_p50_s: float | None = Field(description="Median of actual - scheduled send, seconds.")
     first_read_lag_p50_s: float | None = Field(description="Median of the read of a request's first token minus "
                                                "its kernel receive time, seconds.")
-    saturated: bool = Field(description="The generator was the bottleneck: cpu_share >= 0.9, or a lag median "
-                            "above 5 ms; its latencies then include its own delay.")
+    saturated: bool = Field(description=f"The generator was the bottleneck: cpu_share >= {SATURATED_CPU:g}, or a "
+                            f"lag median above {MAX_LAG_S * 1e3:g} ms; its latencies then include its own delay.")
     advice: str | None = Field(description="What was exceeded and what to do (e.g. --workers N); null when not "
                                "saturated.")
 
