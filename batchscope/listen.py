@@ -42,3 +42,11 @@ def listen(host: str, port: int, *, host_flag: str = "--host", port_flag: str = 
         return socket.create_server(address, family=family, backlog=backlog)
     except OSError as exc:
         raise ListenError(explain(exc, host, port, host_flag=host_flag, port_flag=port_flag)) from None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` just now, for a child server that must be told its port in advance (another
+    process may take it before the child binds it)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

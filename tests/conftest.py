@@ -18,7 +18,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.testkit.ports import free_port
+from batchscope.listen import free_port
 from batchscope.testkit.processes import Child, wait_until
 from batchscope.testkit.simulator import SimProcess, start_simulator
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import requests
 
+from batchscope.listen import free_port
 from batchscope.secrets import mask_argv
 from exporter.docker_source import parse_capacity
 from tuner.plan import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
@@ -332,12 +332,6 @@ def _docker_from_env() -> DockerClient:
     import docker
 
     return docker.from_env()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_server(backend: SimulatorBackend | CommandBackend | DockerBackend, command_file: Path | None) -> Server:

@@ -25,7 +25,8 @@ from pathlib import Path
 import requests
 import yaml
 
-from tuner.backends import Server, StartFailed, die_with_parent, free_port, make_server, stop_process, tail
+from batchscope.listen import free_port
+from tuner.backends import Server, StartFailed, die_with_parent, make_server, stop_process, tail
 from tuner.compare import changed_params
 from tuner.plan import Plan, PlanError, ServingParams
 from tuner.progress import Progress, read_client

@@ -15,7 +15,7 @@ import numpy as np
 import requests
 import yaml
 
-from batchscope.testkit.ports import free_port
+from batchscope.listen import free_port
 from batchscope.testkit.processes import Child, SetupError, hold, wait_until
 from batchscope.testkit.procfs import status_mb
 from capacity.server import Server

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.testkit.ports import free_port
+from batchscope.listen import free_port
 from batchscope.testkit.processes import SetupError
 from batchscope.testkit.procfs import core_busy_seconds, cpu_seconds, status_mb
 from scrape.exporter import scrape, start_exporter, wait_ready

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from batchscope.listen import free_port
 from batchscope.testkit import procfs
-from batchscope.testkit.ports import free_port
 from batchscope.testkit.processes import Child, SetupError, wait_until
 
 
