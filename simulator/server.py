@@ -22,6 +22,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from batchscope.exposition import CONTENT_TYPE
 from simulator import protocol, responses
+from simulator.arrivals import ArrivalStamps
 from simulator.config import Deployment
 from simulator.faults import FaultInjector
 from simulator.metrics import VllmMetricsCollector
@@ -48,6 +49,7 @@ class SimulatorServer:
         self._faults = FaultInjector(self.config)
         self._request_seeds = itertools.count(self.config.seed * 1_000_003)
         self._ground_truth = GroundTruthLog(self.config.ground_truth_log)
+        self.arrivals = ArrivalStamps()
         self.registry = CollectorRegistry()
         self.registry.register(VllmMetricsCollector(self.engine, self.config.name, self._cache_config()))
         ProcessCollector(registry=self.registry)
@@ -93,7 +95,10 @@ class SimulatorServer:
 
     @web.middleware
     async def _count_requests(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        finally:  # the connection's next bytes are the next request's
+            self.arrivals.forget(request.transport)
         route = request.match_info.route.resource
         path = route.canonical if route is not None else "none"
         self._http_requests.labels(request.method, f"{response.status // 100}xx", path).inc()
@@ -154,7 +159,8 @@ class SimulatorServer:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        timing = RequestTiming(time.time(), request.headers.get("X-Request-Id"))
+        received = self.arrivals.received(request.transport)
+        timing = RequestTiming(received or time.time(), request.headers.get("X-Request-Id"))
         arrival = asyncio.get_running_loop().time()
         gen = protocol.generation_request(await _json_body(request), chat, self.served)
         faults = self._faults.draw(gen.stream, gen.max_tokens)
@@ -278,12 +284,15 @@ async def serve(deployment: Deployment, sock: socket.socket, stop: asyncio.Event
     # handler_cancellation: a client that disconnects cancels its handler, which aborts its request
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.SockSite(runner, sock, backlog=4096)
-    await site.start()
-    host, port = runner.addresses[0][:2]
+    assert runner.server is not None, "set up just above"
+    # not a SockSite: the connections' protocol is aiohttp's wrapped in the ground truth's arrival stamps
+    listener = await asyncio.get_running_loop().create_server(
+        server.arrivals.protocol_factory(runner.server), sock=sock, backlog=4096)
+    host, port = sock.getsockname()[:2]
     log.info("Starting vLLM API server 0 on http://%s:%d", host, port)
     log.info("Application startup complete.")
     try:
         await (stop.wait() if stop else asyncio.Event().wait())
     finally:
+        listener.close()
         await runner.cleanup()
