@@ -112,7 +112,7 @@ def overview() -> dict:
     layout.add(stat("Load generator saturated", [
         target(f"max(batchscope_client_saturated{{{SCENARIO}}})", "saturated")], "none",
         "1 when the load generator is itself the bottleneck (a sender's CPU >= 90% of its core, or its dispatch "
-        "or first-read lag above 5 ms): the client - server TTFT gap then includes the client's own delay, not "
+        "or read lag above 5 ms): the client - server TTFT gap then includes the client's own delay, not "
         "only the network's and the API server's. Rerun with more processes (`--workers N`)."), 4)
     layout.add(with_config_line(timeseries("Tokens per step (red line: max_num_batched_tokens)", [
         target(f"model:vllm_iteration_tokens:mean1m{{{MODEL}}}", "mean tokens per step {{model_name}}"),

@@ -93,7 +93,7 @@ class RunControl:
         window = self.window()
         self.stats.observe(record, in_window=window.holds(record))
         self.figures.add(record, window)  # the record itself is not kept: memory stays flat on long runs
-        self.saturation.note_lags(record.dispatch_lag_s, record.first_read_lag_s)
+        self.saturation.note_lags(record.dispatch_lag_s, record.read_lag_s)
 
     def merge_report(self, sender: str, report: SenderReport) -> None:
         """A sender's delta: its new records (queued for drain()) and its cumulative counters."""
@@ -174,7 +174,7 @@ class RunControl:
         self.drain()
         stop = self.stop_s or time.time()
         generator = self.saturation.over_run(np.asarray(self.figures.dispatch_lags),
-                                             np.asarray(self.figures.first_read_lags))
+                                             np.asarray(self.figures.read_lags))
         return summarize(self.spec, self.figures, self.stats, generator, run_id=self.run_id, host=self.host,
                          start_s=self.start_s, stop_s=stop, refused_s=self.refused_s)
 

@@ -36,7 +36,7 @@ class RunFigures:
         self.completed_output_tokens = 0  # usage of the requests completed in the window
         self.scheduled_in_window = 0  # arrivals scheduled in the window (sent; refused ones are counted apart)
         self.dispatch_lags, self.sent, self.ended = array("d"), array("d"), array("d")
-        self.first_read_lags = array("d")
+        self.read_lags = array("d")
         self.last_end_s = -math.inf
         self.finished = 0  # requests that ended in anything but 'aborted', whole run
         self.rejections: dict[int, int] = {}  # finished requests per non-retryable 4xx status
@@ -67,8 +67,8 @@ class RunFigures:
     def _add_run_wide(self, record: RequestRecord) -> None:
         if record.sent_s is not None:
             self.dispatch_lags.append(record.sent_s - record.scheduled_s)
-        if record.first_read_lag_s is not None:
-            self.first_read_lags.append(record.first_read_lag_s)
+        if record.read_lag_s is not None:
+            self.read_lags.append(record.read_lag_s)
         if record.end_s is not None:
             self.last_end_s = max(self.last_end_s, record.end_s)
             if record.sent_s is not None:

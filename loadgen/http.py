@@ -14,13 +14,12 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
 
+# Reads take everything there: the kernel merges data waiting in a socket into one block stamped with its last
+# arrival, so smaller reads would not time the tokens in it apart, only cost more reads to catch up
 RECV_SIZE = 65536
-# Reads of a streamed body ask for about one chunk (the size of the last one): a client that fell behind then
-# reads one event per read, each with its own arrival stamp, instead of several stamped with the last one's.
-HEAD_READ = 256
 MAX_HEADER_BYTES = 65536
 # Linux: the kernel stamps received data (CLOCK_REALTIME, ns); the socket module has no name for these
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
@@ -70,6 +69,53 @@ class Response:
         return body
 
 
+class ChunkedDecoder:
+    """Chunked transfer coding decoded from bytes pushed as they arrive: whole chunk payloads out, the end noticed.
+
+    One decoder for both ways of reading a body: a greenlet pulling it (``Connection.body``) and the process's
+    stream reader pushing what each socket delivered (``loadgen.reader``).
+    """
+
+    __slots__ = ("buffer", "ended")
+
+    def __init__(self, buffer: bytes = b"") -> None:
+        self.buffer = buffer  # bytes not decoded yet; after the end, whatever followed it
+        self.ended = False
+
+    def payloads(self, data: bytes) -> list[bytes]:
+        """The payloads of the frames ``data`` completes (trailers after the last chunk are skipped)."""
+        buffer = self.buffer + data if self.buffer else data
+        out: list[bytes] = []
+        while True:
+            line_end = buffer.find(b"\r\n")
+            if line_end < 0:
+                break
+            size = _chunk_size(buffer[:line_end])
+            if size == 0:
+                end = buffer.find(b"\r\n\r\n", line_end)  # the last chunk, trailers if any, a blank line
+                if end >= 0:
+                    self.ended = True
+                    buffer = buffer[end + 4:]
+                break
+            frame_end = line_end + size + 4  # the size line's CRLF, the data, its CRLF
+            if len(buffer) < frame_end:
+                break
+            out.append(buffer[line_end + 2:frame_end - 2])
+            buffer = buffer[frame_end:]
+        self.buffer = buffer
+        return out
+
+
+def _chunk_size(line: bytes) -> int:
+    try:
+        return int(line, 16)
+    except ValueError:  # chunk extensions (';name=value'), which the servers we target don't send
+        try:
+            return int(line.split(b";", 1)[0], 16)
+        except ValueError:
+            raise StreamBroken(f"bad chunk size line: {line[:40]!r}") from None
+
+
 class Connection:
     """One keep-alive connection; ``post`` returns after the response headers arrive."""
 
@@ -85,8 +131,10 @@ class Connection:
         self.deadline: float | None = None  # absolute time after which any wait is a Timeout
         self.aborted = False
         self.arrived_s = 0.0  # when the data read last arrived (the kernel's stamp where it gives one)
-        self._frame_hint = HEAD_READ  # bytes of the last chunk frame: what the next read asks for
+        self.on_abort: Callable[[], None] | None = None  # wakes a greenlet parked on this connection's body
         self._stamped = False
+        self._read_lags = 0.0  # seconds data waited in the socket, summed over the reads of the exchange
+        self._reads = 0
 
     @property
     def is_open(self) -> bool:
@@ -96,6 +144,31 @@ class Connection:
         """End the exchange from another greenlet: its pending wait fails and nothing more is sent."""
         self.aborted = True
         self.close()
+        if self.on_abort is not None:
+            self.on_abort()
+
+    def read_lag_s(self) -> float | None:
+        """How long the data of this exchange waited in the socket before it was read: mean over its reads."""
+        return self._read_lags / self._reads if self._reads else None
+
+    def fileno(self) -> int:
+        if self._sock is None:
+            raise StreamBroken("aborted" if self.aborted else "connection closed")
+        return self._sock.fileno()
+
+    def set_blocking(self, blocking: bool) -> None:
+        """Non-blocking while the process's stream reader reads it (a read with nothing there raises
+        BlockingIOError); back to the connection's timeouts after."""
+        if self._sock is not None:
+            self._sock.settimeout((self.timeout_s if self.read_timeouts else None) if blocking else 0.0)
+
+    def take_buffer(self) -> bytes:
+        """Bytes read past the response head, for a reader that decodes the body elsewhere."""
+        buffer, self._buffer = self._buffer, b""
+        return buffer
+
+    def put_back(self, leftover: bytes) -> None:
+        self._buffer = leftover
 
     def close(self) -> None:
         if self._sock is not None:
@@ -128,6 +201,7 @@ class Connection:
         if self.aborted:
             raise StreamBroken("aborted")
         sock = self._sock if self._sock is not None else self._connect()
+        self._read_lags, self._reads = 0.0, 0
         sent = time.time()
         try:
             sock.sendall(request)
@@ -141,7 +215,7 @@ class Connection:
         while b"\r\n\r\n" not in self._buffer:
             if len(self._buffer) > MAX_HEADER_BYTES:
                 raise StreamBroken("response headers too large")
-            self._fill(HEAD_READ)
+            self._fill()
         head, self._buffer = self._buffer.split(b"\r\n\r\n", 1)
         status_line, *lines = head.decode("latin-1").split("\r\n")
         try:
@@ -154,26 +228,45 @@ class Connection:
             headers[name.strip().lower()] = value.strip()
         return status, headers
 
+    def read_body(self, headers: dict[str, str], on_payload: Callable[[bytes, float], None],
+                  follow: Callable[[Connection, Callable[[bytes, float], None]], None] | None = None) -> None:
+        """Hand the body to ``on_payload`` piece by piece with the arrival time of each; a chunked body on a
+        socket with receive stamps goes through ``follow`` (the process's stream reader) when one is given."""
+        if follow is not None and self._stamped and _chunked_body(headers):
+            self.reusable = False
+            follow(self, on_payload)
+            self.reusable = _keep_alive(headers)
+            return
+        for piece in self.body(headers):
+            on_payload(piece, self.arrived_s)
+
     def body(self, headers: dict[str, str]) -> Iterator[bytes]:
         """The response body as it arrives; leaves the connection reusable when it ends cleanly.
 
         Returns the decoding generator itself rather than wrapping it: every token passes through here.
         """
         self.reusable = False
-        keep_alive = headers.get("connection", "").lower() != "close"
-        if headers.get("transfer-encoding", "").lower() == "chunked":
+        keep_alive = _keep_alive(headers)
+        if _chunked_body(headers):
             return self._chunked(keep_alive)
         if "content-length" in headers:
             return self._sized(int(headers["content-length"]), keep_alive)
         return self._until_close()
 
     def _fill(self, want: int = RECV_SIZE) -> None:
-        """Read at most ``want`` (> 0) bytes, at least one, into the buffer; ``arrived_s`` becomes the kernel's
-        receive time of the data, not the time this greenlet got to read it.
+        """Read at most ``want`` (> 0) bytes, at least one, into the buffer (``arrived_s``: see ``read``)."""
+        self._buffer += self.read(want)
+
+    def read(self, want: int = RECV_SIZE) -> bytes:
+        """At most ``want`` (> 0) bytes, at least one; ``arrived_s`` becomes the kernel's receive time of the
+        data, not the time this greenlet got to read it. Raises BlockingIOError on a non-blocking socket with
+        nothing to read.
 
         A busy client reads late: timing chunks by the read would add its own scheduling delay to every TTFT
-        and ITL. For TCP the kernel stamps a read with the arrival of the last segment it returns. One method
-        for the read and its stamp: every token passes through here, and a call less per read counts.
+        and ITL. For TCP the kernel stamps a read with the arrival of the last segment it returns, and segments
+        left waiting merge under the later one's stamp: the stamps are exact only for data read before more
+        arrives on the same socket (hence loadgen.reader). One method for the read and its stamp: every token
+        passes through here, and a call less per read counts.
         """
         sock = self._sock
         if sock is None:
@@ -192,7 +285,9 @@ class Connection:
             else:
                 data = sock.recv(want if want < RECV_SIZE else RECV_SIZE)
                 arrived = time.time()
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
+            if sock.gettimeout() == 0.0:
+                raise BlockingIOError from None
             raise Timeout(f"no response within {self.timeout_s} s") from None
         except Timeout:
             raise
@@ -201,52 +296,33 @@ class Connection:
         if not data:
             raise StreamBroken("connection closed by the server")
         self.arrived_s = arrived
+        self._read_lags += time.time() - arrived
+        self._reads += 1
         if self.deadline is not None and arrived > self.deadline:
             raise Timeout(f"no complete response within {self.timeout_s} s")
-        self._buffer += data
+        return data
 
-    def _sized(self, remaining: int, keep_alive: bool | None = None) -> Iterator[bytes]:
-        """The next ``remaining`` bytes, in pieces as they arrive (a whole body when ``keep_alive`` is given)."""
+    def _sized(self, remaining: int, keep_alive: bool) -> Iterator[bytes]:
+        """A body of ``remaining`` bytes, in pieces as they arrive."""
         while remaining > 0:
             if not self._buffer:
-                self._fill(remaining + 2)  # a chunk's data is followed by CRLF
+                self._fill(remaining)
             piece, self._buffer = self._buffer[:remaining], self._buffer[remaining:]
             remaining -= len(piece)
             yield piece
-        if keep_alive is not None:
-            self.reusable = keep_alive
+        self.reusable = keep_alive
 
     def _chunked(self, keep_alive: bool) -> Iterator[bytes]:
+        decoder = ChunkedDecoder(self._buffer)
+        self._buffer = b""
+        data = b""
         while True:
-            buffer = self._buffer
-            line_end = buffer.find(b"\r\n")
-            while line_end < 0:
-                self._fill(self._frame_hint)
-                buffer = self._buffer
-                line_end = buffer.find(b"\r\n")
-            try:
-                size = int(buffer[:line_end], 16)
-            except ValueError:  # chunk extensions (';name=value'), which the servers we target don't send
-                size = int(buffer[:line_end].split(b";", 1)[0], 16)
-            data_start = line_end + 2
-            frame_end = data_start + size + 2  # the chunk's data is followed by CRLF
-            self._frame_hint = frame_end
-            if size == 0:
-                self._buffer = buffer[data_start:]
-                while b"\r\n" not in self._buffer:  # trailers are not used by the servers we target
-                    self._fill()
-                self._buffer = self._buffer.split(b"\r\n", 1)[1]
+            yield from decoder.payloads(data)
+            if decoder.ended:
+                self._buffer = decoder.buffer
                 self.reusable = keep_alive
                 return
-            if len(buffer) >= frame_end:  # the usual case: the whole frame is already here
-                self._buffer = buffer[frame_end:]
-                yield buffer[data_start:frame_end - 2]
-                continue
-            self._buffer = buffer[data_start:]
-            yield from self._sized(size)  # what is here now: a chunk may span several reads
-            while len(self._buffer) < 2:
-                self._fill(2 - len(self._buffer))
-            self._buffer = self._buffer[2:]
+            data = self.read()
 
     def _until_close(self) -> Iterator[bytes]:
         if self._buffer:
@@ -259,6 +335,14 @@ class Connection:
                 return
             yield self._buffer
             self._buffer = b""
+
+
+def _keep_alive(headers: dict[str, str]) -> bool:
+    return headers.get("connection", "").lower() != "close"
+
+
+def _chunked_body(headers: dict[str, str]) -> bool:
+    return headers.get("transfer-encoding", "").lower() == "chunked"
 
 
 def _enable_timestamps(sock: socket.socket) -> bool:

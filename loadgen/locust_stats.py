@@ -19,7 +19,7 @@ from locust.stats import PERCENTILES_TO_REPORT, StatsCSVFileWriter
 from loadgen.greenlets import work_when_idle
 from loadgen.request import RequestRecord
 
-BATCH = 8
+BATCH = 2  # records shown per idle moment: each logs its ITL gaps too, and tokens arriving meanwhile wait
 
 
 class OutcomeError(Exception):

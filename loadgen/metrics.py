@@ -55,10 +55,10 @@ HISTOGRAMS = {
     "dispatch_lag": ("batchscope_client_dispatch_lag_seconds",
                      "Actual minus scheduled send time of each request: the load generator's own delay, seconds.",
                      DISPATCH_LAG),
-    "first_read_lag": ("batchscope_client_first_read_lag_seconds",
-                       "Time each request's first token waited in the socket before the load generator read it "
-                       "(read minus kernel receive time): its own delay, seconds.",
-                       DISPATCH_LAG),
+    "read_lag": ("batchscope_client_read_lag_seconds",
+                 "Time each request's token chunks waited in the socket before the load generator read them (a "
+                 "read minus the kernel's receive time, the request's mean over its reads): its own delay, seconds.",
+                 DISPATCH_LAG),
 }
 
 
@@ -80,8 +80,8 @@ class ClientStats:
         self.output_tokens += record.output_tokens or 0
         if record.dispatch_lag_s is not None:
             self.histograms["dispatch_lag"].observe(record.dispatch_lag_s)
-        if record.first_read_lag_s is not None:
-            self.histograms["first_read_lag"].observe(record.first_read_lag_s)
+        if record.read_lag_s is not None:
+            self.histograms["read_lag"].observe(record.read_lag_s)
         if record.outcome != "ok" or not in_window:
             return
         for name in ("ttft", "tpot", "e2e"):
@@ -147,7 +147,7 @@ class ClientMetricsCollector(Collector):
 def _saturation(generator: GeneratorLoad, names: list[str], labels: list[str]) -> Iterator[Metric]:
     saturated = GaugeMetricFamily("batchscope_client_saturated", "1 when the load generator itself is the "
                                   "bottleneck (a sender's CPU >= 90% of its core, or the median dispatch or "
-                                  "first-read lag over the last 10 s above 5 ms): its latencies then include its "
+                                  "read lag over the last 10 s above 5 ms): its latencies then include its "
                                   "own delay; run more workers.", labels=names)
     saturated.add_metric(labels, float(generator.saturated))
     yield saturated

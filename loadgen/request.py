@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from loadgen import http
 from loadgen.http import Connection
 from loadgen.target import Target
 
-RECORD_SCHEMA_VERSION = 1
+RECORD_SCHEMA_VERSION = 2  # 2: read_lag_s (a mean over the stream's reads) replaced first_read_lag_s
 OUTCOMES = ("ok", "http_error", "timeout", "connection_error", "truncated", "length_mismatch", "aborted")
+Follow = Callable[[Connection, Callable[[bytes, float], None]], None]  # loadgen.reader.StreamReader.follow
 RETRYABLE_4XX = (408, 429)  # request timeout, too many requests: the same request may pass later
 
 
@@ -53,7 +54,7 @@ class RequestRecord:
     outcome: str = "aborted"
     status: int | None = None
     error: str | None = None
-    first_read_lag_s: float | None = None  # the read of the first token minus its kernel receive time
+    read_lag_s: float | None = None  # a read minus the kernel's receive time of its data, mean over the body's reads
     schema_version: int = RECORD_SCHEMA_VERSION
 
     @property
@@ -77,7 +78,6 @@ class TokenStream:
         self._buffer = b""  # the start of an event whose blank line has not arrived yet
         self.first: float | None = None
         self.last = 0.0  # read only once ``first`` is set
-        self.first_read_lag: float | None = None
         self.gaps: list[float] = []
         self.usage: dict | None = None
         self.done = False
@@ -94,7 +94,6 @@ class TokenStream:
                     and b'"usage"' not in chunk and b'"error"' not in chunk):
                 if self.first is None:
                     self.first = now
-                    self.first_read_lag = time.time() - now
                 else:
                     self.gaps.append(now - self.last)
                 self.last = now
@@ -142,7 +141,6 @@ class TokenStream:
     def _token(self, now: float) -> None:
         if self.first is None:
             self.first = now
-            self.first_read_lag = time.time() - now  # how long the first token waited for this client to read it
         else:
             self.gaps.append(now - self.last)
         self.last = now
@@ -153,12 +151,13 @@ class TokenStream:
         return bool(text)
 
 
-def measure(connection: Connection, target: Target, record: RequestRecord, extra_headers: dict[str, str]
-            ) -> RequestRecord:
+def measure(connection: Connection, target: Target, record: RequestRecord, extra_headers: dict[str, str],
+            follow: Follow | None = None) -> RequestRecord:
     """Send one request on ``connection`` and fill ``record``; every failure becomes an outcome, never an
-    exception (BaseExceptions such as a killed greenlet propagate, leaving outcome 'aborted')."""
+    exception (BaseExceptions such as a killed greenlet propagate, leaving outcome 'aborted'). ``follow``: the
+    process's stream reader (loadgen.reader), which reads streamed bodies for every request at once."""
     try:
-        return _exchange(connection, target, record, extra_headers)
+        return _exchange(connection, target, record, extra_headers, follow)
     except http.ConnectFailed as exc:
         return _finish(record, "connection_error", error=str(exc))
     except http.Timeout as exc:
@@ -169,7 +168,8 @@ def measure(connection: Connection, target: Target, record: RequestRecord, extra
         return _finish(record, "truncated", error=f"bad response: {exc.__class__.__name__}: {exc}"[:200])
 
 
-def _exchange(connection: Connection, target: Target, record: RequestRecord, extra_headers: dict) -> RequestRecord:
+def _exchange(connection: Connection, target: Target, record: RequestRecord, extra_headers: dict,
+              follow: Follow | None) -> RequestRecord:
     request = http.encode_request(target.endpoint, target.next_body(), {**target.headers, **extra_headers})
     reused = connection.is_open
     try:
@@ -185,24 +185,23 @@ def _exchange(connection: Connection, target: Target, record: RequestRecord, ext
         connection.deadline = record.sent_s + target.timeout_s
         status, headers = connection.read_head()
     record.status = status
-    chunks = connection.body(headers)
     if status != 200:
-        return _finish(record, "http_error", error=b"".join(chunks).decode("utf-8", "replace")[:200])
+        body = b"".join(connection.body(headers))
+        return _finish(record, "http_error", error=body.decode("utf-8", "replace")[:200])
     if target.stream:
-        return _read_stream(connection, chunks, target, record)
-    return _read_body(b"".join(chunks), target, record)
+        return _read_stream(connection, headers, target, record, follow)
+    return _read_body(b"".join(connection.body(headers)), target, record)
 
 
-def _read_stream(connection: Connection, chunks: Iterator[bytes], target: Target, record: RequestRecord
-                 ) -> RequestRecord:
+def _read_stream(connection: Connection, headers: dict[str, str], target: Target, record: RequestRecord,
+                 follow: Follow | None) -> RequestRecord:
     stream = TokenStream(target.chat)
-    feed = stream.feed
     try:  # timings are kept even when the stream breaks, times out or is aborted
-        for chunk in chunks:
-            feed(chunk, connection.arrived_s)  # when the bytes arrived, not when this greenlet got to them
+        # each piece timed by when its bytes arrived, not when a greenlet got to them
+        connection.read_body(headers, stream.feed, follow)
     finally:
         _fill_timing(record, stream.first, stream.last, stream.gaps)
-        record.first_read_lag_s = stream.first_read_lag
+        record.read_lag_s = connection.read_lag_s()
     if stream.error:
         return _finish(record, "truncated", error=stream.error)
     if not stream.done or stream.usage is None or stream.first is None:

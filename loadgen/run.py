@@ -24,6 +24,7 @@ import numpy as np
 from loadgen import http
 from loadgen.greenlets import sleep_until
 from loadgen.http import Connection, ConnectionPool
+from loadgen.reader import StreamReader
 from loadgen.report import SenderReport
 from loadgen.request import RequestRecord, measure, rejected
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
@@ -68,6 +69,7 @@ class LoadRun:
         self._sequence = itertools.count()
         self._users = itertools.count()
         self._active: dict[str, tuple[RequestRecord, Connection]] = {}
+        self.reader = StreamReader()  # reads every streamed body of this process
         self._aborted: set[str] = set()
         self._idle = gevent.event.Event()
         self.accepting = True
@@ -102,7 +104,7 @@ class LoadRun:
             # the id lets a test match this record with the server's ground-truth log
             timeout = http.Timeout(f"no complete response within {self.spec.timeout_s} s")
             with gevent.Timeout(self.spec.timeout_s, timeout):  # the whole exchange, one timer
-                measure(connection, self.target, record, {"X-Request-Id": record.request_id})
+                measure(connection, self.target, record, {"X-Request-Id": record.request_id}, self.reader.follow)
         finally:
             del self._active[record.request_id]
             pool.release(connection)

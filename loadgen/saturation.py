@@ -1,12 +1,12 @@
 """Is the load generator itself the bottleneck? Its CPU and its lags, live and over the measurement window.
 
 A sender that cannot keep up shows it three ways: its process uses (nearly) all of its core, open-loop arrivals
-leave late (dispatch lag), and token chunks wait in the socket before it reads them (first-read lag: the read
-of a request's first token minus the kernel's receive stamp). Its TTFT and ITL then carry its own delay, and the
-dashboard's client - server gap is the client's, not the network's. The generator counts as saturated when the
-busiest sender's CPU reaches SATURATED_CPU of a core, or the median of either lag passes MAX_LAG_S (most requests
-wait for it: a busy machine's occasional preemptions move the tail, not the median); the advice is more sender
-processes (`--workers N`).
+leave late (dispatch lag), and token chunks wait in the socket before it reads them (read lag: each read minus
+the kernel's receive stamp of what it returned, a request's mean over its reads). Its TTFT and ITL then carry its
+own delay, and the dashboard's client - server gap is the client's, not the network's. The generator counts as
+saturated when the busiest sender's CPU reaches SATURATED_CPU of a core, or the median of either lag passes
+MAX_LAG_S (most requests wait for it: a busy machine's occasional preemptions move the tail, not the median); the
+advice is more sender processes (`--workers N`).
 
 Live (the ``batchscope_client_saturated`` gauge and the LLM tab): CPU over the latest interval of at least
 MIN_INTERVAL_S between a sender's reports, lags of the requests received in the last RECENT_S. End of run (the
@@ -24,9 +24,9 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 SATURATED_CPU = 0.90  # share of one core
-# median of dispatch lag or of first-read lag. Not lower: a server emits a token for every stream at each step,
-# so at 256 streams a healthy client reads a burst of 256 chunks every step, ~15 µs each, and the median first
-# token waits ~2 ms for its turn (its kernel stamp keeps TTFT exact meanwhile)
+# median of dispatch lag or of read lag. Not lower: a server emits a token for every stream at each step, so at
+# 256 streams a healthy client reads a burst of 256 chunks every step, ~25 µs each, and the median chunk waits
+# ~3 ms for its turn (its kernel stamp keeps the timing exact as long as it is read before the next one comes)
 MAX_LAG_S = 0.005
 MIN_INTERVAL_S = 1.0
 RECENT_S = 10.0
@@ -38,7 +38,7 @@ class GeneratorLoad(BaseModel):
     cpu_share: float | None = Field(description="CPU of the busiest sender process as a share of one core "
                                     "(summary: over the measurement window), or null before it is known.")
     dispatch_lag_p50_s: float | None = Field(description="Median of actual - scheduled send, seconds.")
-    first_read_lag_p50_s: float | None = Field(description="Median of the read of a request's first token minus "
+    read_lag_p50_s: float | None = Field(description="Median over requests of their mean read lag: a read minus "
                                                "its kernel receive time, seconds.")
     saturated: bool = Field(description=f"The generator was the bottleneck: cpu_share >= {SATURATED_CPU:g}, or a "
                             f"lag median above {MAX_LAG_S * 1e3:g} ms; its latencies then include its own delay.")
@@ -46,12 +46,12 @@ class GeneratorLoad(BaseModel):
                                "saturated.")
 
 
-def judge(cpu_share: float | None, dispatch_lag_p50_s: float | None, first_read_lag_p50_s: float | None,
+def judge(cpu_share: float | None, dispatch_lag_p50_s: float | None, read_lag_p50_s: float | None,
           senders: int) -> GeneratorLoad:
     reasons = []
     if cpu_share is not None and cpu_share >= SATURATED_CPU:
         reasons.append(f"sender CPU {cpu_share:.0%} of a core")
-    for name, lag in (("dispatch lag", dispatch_lag_p50_s), ("first-read lag", first_read_lag_p50_s)):
+    for name, lag in (("dispatch lag", dispatch_lag_p50_s), ("read lag", read_lag_p50_s)):
         if lag is not None and lag > MAX_LAG_S:
             reasons.append(f"{name} median {lag * 1e3:.1f} ms > {MAX_LAG_S * 1e3:g} ms")
     advice = None
@@ -59,7 +59,7 @@ def judge(cpu_share: float | None, dispatch_lag_p50_s: float | None, first_read_
         advice = (f"load generator saturated ({'; '.join(reasons)}): its latencies include its own delay; "
                   f"run more sender processes, e.g. --workers {max(2, 2 * senders)}")
     return GeneratorLoad(cpu_share=cpu_share, dispatch_lag_p50_s=dispatch_lag_p50_s,
-                         first_read_lag_p50_s=first_read_lag_p50_s, saturated=bool(reasons), advice=advice)
+                         read_lag_p50_s=read_lag_p50_s, saturated=bool(reasons), advice=advice)
 
 
 @dataclass
@@ -92,16 +92,16 @@ class SaturationMonitor:
     """Fed with each sender report's CPU and each record's lags by the controller."""
 
     cpu: dict[str, CpuMeter] = field(default_factory=dict)
-    # (received at, dispatch lag, first-read lag) of the requests received in the last RECENT_S
+    # (received at, dispatch lag, read lag) of the requests received in the last RECENT_S
     recent: deque[tuple[float, float, float]] = field(default_factory=deque)
 
     def note_cpu(self, sender: str, at_s: float, cpu_s: float, window_start_s: float) -> None:
         self.cpu.setdefault(sender, CpuMeter()).note(at_s, cpu_s, window_start_s)
 
-    def note_lags(self, dispatch_lag_s: float | None, first_read_lag_s: float | None) -> None:
+    def note_lags(self, dispatch_lag_s: float | None, read_lag_s: float | None) -> None:
         now = time.time()
         self.recent.append((now, math.nan if dispatch_lag_s is None else dispatch_lag_s,
-                            math.nan if first_read_lag_s is None else first_read_lag_s))
+                            math.nan if read_lag_s is None else read_lag_s))
         while self.recent and self.recent[0][0] < now - RECENT_S:
             self.recent.popleft()
 
@@ -111,9 +111,9 @@ class SaturationMonitor:
         recent = np.array([(d, f) for at, d, f in self.recent if at >= now - RECENT_S]).reshape(-1, 2)
         return judge(max(shares, default=None), _p50(recent[:, 0]), _p50(recent[:, 1]), len(self.cpu) or 1)
 
-    def over_run(self, dispatch_lags: np.ndarray, first_read_lags: np.ndarray) -> GeneratorLoad:
+    def over_run(self, dispatch_lags: np.ndarray, read_lags: np.ndarray) -> GeneratorLoad:
         shares = [s for s in (meter.window_share() for meter in self.cpu.values()) if s is not None]
-        return judge(max(shares, default=None), _p50(dispatch_lags), _p50(first_read_lags), len(self.cpu) or 1)
+        return judge(max(shares, default=None), _p50(dispatch_lags), _p50(read_lags), len(self.cpu) or 1)
 
 
 def _p50(values: np.ndarray) -> float | None:

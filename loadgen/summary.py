@@ -190,5 +190,5 @@ def generator_line(generator: GeneratorLoad) -> str:
     if generator.advice:
         return f"SATURATED: {generator.advice}"
     cpu = "-" if generator.cpu_share is None else f"{generator.cpu_share:.0%}"
-    lag = "-" if generator.first_read_lag_p50_s is None else f"{generator.first_read_lag_p50_s * 1e3:.2f} ms"
-    return f"kept up (sender CPU {cpu} of a core, first-read lag median {lag})"
+    lag = "-" if generator.read_lag_p50_s is None else f"{generator.read_lag_p50_s * 1e3:.2f} ms"
+    return f"kept up (sender CPU {cpu} of a core, read lag median {lag})"

@@ -60,7 +60,7 @@ def exchange(reply: bytes, close: bool = False) -> tuple[bool, list[bytes]]:
 
 
 def test_chunks_of_every_size_come_out_whole_whatever_the_reads():
-    # reads ask for about the last frame's size, so frames of changing sizes straddle reads
+    # frames of changing sizes, one as large as several reads
     frames = [b"a" * 300, b"b" * 7, b"c" * 1000, b"d", b"e" * 70000, b"f" * 40]
     reusable, chunks = exchange(HEAD + chunked(*frames))
     assert b"".join(chunks) == b"".join(frames)

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from loadgen.http import ConnectionPool
-from loadgen.request import RequestRecord, measure
+from loadgen.reader import StreamReader
+from loadgen.request import Follow, RequestRecord, measure
 from loadgen.spec import load_spec
 from loadgen.target import Target, build_target
 from tests.conftest import free_port
@@ -23,12 +24,12 @@ def target_for(url: str, **spec_fields) -> Target:
     return build_target(load_spec(None, [f"{k}={v}" for k, v in fields.items()]), url)
 
 
-def send(target: Target, pool: ConnectionPool | None = None) -> RequestRecord:
+def send(target: Target, pool: ConnectionPool | None = None, follow: Follow | None = None) -> RequestRecord:
     record = RequestRecord(request_id="t", worker=0, scheduled_s=time.time())
     pool = pool or ConnectionPool(target.endpoint, target.timeout_s)
     connection = pool.acquire()
     try:
-        return measure(connection, target, record, {})
+        return measure(connection, target, record, {}, follow)
     finally:
         pool.release(connection)
 
@@ -44,6 +45,25 @@ def test_ok_stream_has_exact_lengths_and_vllm_bench_timings(simulator, endpoint)
     assert record.e2e_s == pytest.approx(record.last_token_s - record.scheduled_s)
     assert record.tpot_s == pytest.approx((record.e2e_s - record.ttft_s) / 19)
     assert sum(record.itl_s) == pytest.approx(record.last_token_s - record.first_token_s)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_the_process_reader_measures_streams_as_their_own_greenlet_does(simulator, endpoint):
+    sim = simulator("--profile", "tiny")
+    target = target_for(sim.url, endpoint=endpoint)
+    pool = ConnectionPool(target.endpoint, target.timeout_s)
+    records = [send(target, pool), send(target, pool, follow=StreamReader().follow)]
+    for record in records:
+        assert record.outcome == "ok", record.error
+        assert (record.prompt_tokens, record.output_tokens, len(record.itl_s)) == (50, 20, 19)
+        assert sum(record.itl_s) == pytest.approx(record.last_token_s - record.first_token_s)
+    assert len(pool._idle) == 1  # the reader left the connection reusable: one served both
+
+
+def test_a_stream_cut_under_the_process_reader_is_truncated(simulator):
+    sim = simulator("--profile", "tiny", "--fault-cut-rate", "1")
+    record = send(target_for(sim.url), follow=StreamReader().follow)
+    assert record.outcome == "truncated" and record.first_token_s is not None
 
 
 def test_non_streaming_request_is_ok_without_itl(simulator):

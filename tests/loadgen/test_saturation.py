@@ -45,7 +45,7 @@ def test_a_normal_run_is_not_flagged(simulator, tmp_path):
     assert result.returncode == 0, result.output[-3000:]
     generator = result.summary["generator"]
     assert generator["saturated"] is False and generator["advice"] is None, generator
-    assert 0 <= generator["cpu_share"] < 0.9 and generator["first_read_lag_p50_s"] < 0.005
+    assert 0 <= generator["cpu_share"] < 0.9 and generator["read_lag_p50_s"] < 0.005
     assert "kept up" in result.output
     assert merged_samples(result)[("batchscope_client_saturated", None)] == 0
 
@@ -53,10 +53,10 @@ def test_a_normal_run_is_not_flagged(simulator, tmp_path):
 def test_a_starved_generator_is_flagged_with_advice(simulator, tmp_path):
     sim = simulator("--profile", "tiny")  # started before the pinning: the server keeps its cores
     with starved_core():
-        result = run_load(tmp_path, spec(32, 64), sim.url)
+        result = run_load(tmp_path, spec(128, 64), sim.url)  # more than the sixth of a core it gets can read
     assert result.returncode == 0, result.output[-3000:]
     generator = result.summary["generator"]
     assert generator["saturated"] is True, generator
     assert "--workers" in generator["advice"] and "SATURATED" in result.output
-    assert generator["first_read_lag_p50_s"] > 0.005 or generator["cpu_share"] >= 0.9
+    assert generator["read_lag_p50_s"] > 0.005 or generator["cpu_share"] >= 0.9
     assert merged_samples(result)[("batchscope_client_saturated", None)] == 1
