@@ -1,7 +1,9 @@
 """Load generator capacity benchmark: what one `batchscope load` worker process sustains, and how exactly it times.
 
-One `batchscope sim serve` (tiny profile, max_num_seqs 1024, max_num_batched_tokens 8192, a ground-truth log)
-runs alone on core 0 for the whole benchmark; every client runs on core 1, one at a time, against it:
+One `batchscope sim serve` (H100 profile: 256 streams at ~27k tokens/s paced by its steps, the busiest a real
+single-GPU server gets; `--profile tiny` lets the simulator's own CPU set a higher rate; max_num_seqs 1024,
+max_num_batched_tokens 8192, a ground-truth log stamped when each request's bytes arrive) runs alone on core 0
+for the whole benchmark; every client runs on core 1, one at a time, against it:
 
 1. Capacity at N = 256 closed-loop streams (`--streams`), after a warm-up, over a window (`--duration`),
    three times for each client, alternating (`--repeat`); each figure is reported per run, pooled, and as the
@@ -56,7 +58,7 @@ from pathlib import Path
 import requests
 from capacity.phases import run_phases
 from capacity.report import report, to_json
-from capacity.settings import CLIENT_CORE
+from capacity.settings import CLIENT_CORE, DEFAULT_PROFILE
 from capacity.soak import run_soak, soak_report
 
 from batchscope.testkit.processes import SetupError
@@ -66,6 +68,8 @@ from batchscope.testkit.report import add_json_option, argument_parser, write_js
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argument_parser(__doc__)
     parser.add_argument("--streams", type=int, default=256, help="closed-loop streams of the capacity runs")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE,
+                        help="the simulator's profile (tiny: its own CPU sets the rate, not its steps)")
     parser.add_argument("--ramp-s", type=float, default=1.5,
                         help="start the closed-loop users evenly over this time (about one request's duration), "
                         "so that they don't run in lockstep; 0: all at once")

@@ -55,7 +55,7 @@ def run_phase(server: Server, results: Results, key: str, measure: Callable[[], 
 
 def run_phases(args: argparse.Namespace, workdir: Path) -> Results:
     results = Results()
-    server = Server.start(workdir)
+    server = Server.start(workdir, args.profile)
     try:
         closed = Load(args.streams)
         for run in range(1, args.repeat + 1):  # alternating, so that drifting contention hits both clients

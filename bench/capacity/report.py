@@ -124,9 +124,9 @@ def report(results: Results, args: argparse.Namespace) -> str:
     biases = [results.bias(key) for key in results.runs]
     return "\n".join([
         f"Workload: prompt {args.input_tokens} token ids, max_tokens {args.output_tokens}, ignore_eos, stream + "
-        f"include_usage; simulator {' '.join(SERVER_FLAGS)} alone on core {SERVER_CORE}, each client on core "
-        f"{CLIENT_CORE}; window {args.duration:g} s after a warm-up of {args.warmup:g} s (Poisson: plus one "
-        "request's duration).",
+        f"include_usage; simulator --profile {args.profile} {' '.join(SERVER_FLAGS)} alone on core {SERVER_CORE}, "
+        f"each client on core {CLIENT_CORE}; window {args.duration:g} s after a warm-up of {args.warmup:g} s "
+        "(Poisson: plus one request's duration).",
         "",
         clients_table(client_rows(results)),
         "",

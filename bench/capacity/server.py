@@ -21,10 +21,10 @@ class Server:
     truth_path: Path
 
     @classmethod
-    def start(cls, workdir: Path) -> Server:
+    def start(cls, workdir: Path, profile: str) -> Server:
         truth_path = workdir / "ground_truth.jsonl"
-        sim = start_simulator(workdir, *SERVER_FLAGS, "--ground-truth-log", str(truth_path), model="bench-model",
-                              deadline_s=STARTUP_TIMEOUT_S, core=SERVER_CORE, new_session=True,
+        sim = start_simulator(workdir, "--profile", profile, *SERVER_FLAGS, "--ground-truth-log", str(truth_path),
+                              model="bench-model", deadline_s=STARTUP_TIMEOUT_S, core=SERVER_CORE, new_session=True,
                               log_name="simulator.log")
         return cls(sim, truth_path)
 

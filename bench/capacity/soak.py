@@ -51,7 +51,7 @@ def client_output_tokens(metrics_url: str) -> float:
 
 def run_soak(args: argparse.Namespace, workdir: Path) -> Soak:
     soak = Soak(args.soak)
-    server = Server.start(workdir)
+    server = Server.start(workdir, args.profile)
     try:
         spec = loadgen_spec(args, Load(args.streams), warmup=args.warmup, tail=0.0)
         spec["duration_s"] = args.soak * 60
