@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 # arrival, so smaller reads would not time the tokens in it apart, only cost more reads to catch up
 RECV_SIZE = 65536
 MAX_HEADER_BYTES = 65536
+Payload = Callable[[bytes, float], None]  # a piece of a body and the arrival time of the read that completed it
 # Linux: the kernel stamps received data (CLOCK_REALTIME, ns); the socket module has no name for these
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 TIMESPEC = struct.Struct("qq")
@@ -228,8 +229,7 @@ class Connection:
             headers[name.strip().lower()] = value.strip()
         return status, headers
 
-    def read_body(self, headers: dict[str, str], on_payload: Callable[[bytes, float], None],
-                  follow: Callable[[Connection, Callable[[bytes, float], None]], None] | None = None) -> None:
+    def read_body(self, headers: dict[str, str], on_payload: Payload, follow: Follow | None = None) -> None:
         """Hand the body to ``on_payload`` piece by piece with the arrival time of each; a chunked body on a
         socket with receive stamps goes through ``follow`` (the process's stream reader) when one is given."""
         if follow is not None and self._stamped and _chunked_body(headers):
@@ -335,6 +335,9 @@ class Connection:
                 return
             yield self._buffer
             self._buffer = b""
+
+
+Follow = Callable[[Connection, Payload], None]  # loadgen.reader.StreamReader.follow: reads a body elsewhere
 
 
 def _keep_alive(headers: dict[str, str]) -> bool:

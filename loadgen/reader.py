@@ -15,27 +15,28 @@ Chunked bodies on plain TCP sockets with receive stamps only; anything else is r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import gevent
 import gevent.event
 from gevent import monkey
 
-from loadgen.http import ChunkedDecoder, Connection, StreamBroken, Timeout
+from loadgen.http import ChunkedDecoder, Connection, Payload, StreamBroken, Timeout
+
+if TYPE_CHECKING:
+    import select  # only its epoll type: gevent's monkey-patching removes epoll from the module at run time
 
 # gevent's monkey-patching hides epoll from the select module: the original is what is wanted here (its file
 # descriptor is what the hub watches)
 _epoll = monkey.get_original("select", "epoll")
 EPOLLIN: int = monkey.get_original("select", "EPOLLIN")
 FRESH_EVERY = 16  # reads of a batch between two looks at the bodies waiting for their first token
-Payload = Callable[[bytes, float], None]  # (chunk payload, kernel arrival time of the read that completed it)
 
 
 class _Followed:
     """A body being read by the reader for the greenlet parked in ``StreamReader.follow``."""
 
-    __slots__ = ("connection", "decoder", "on_payload", "finished", "error", "last_read_s", "fresh")
+    __slots__ = ("connection", "decoder", "on_payload", "finished", "error", "fresh")
 
     def __init__(self, connection: Connection, on_payload: Payload) -> None:
         self.connection = connection
@@ -43,7 +44,6 @@ class _Followed:
         self.on_payload = on_payload
         self.finished = gevent.event.Event()
         self.error: BaseException | None = None
-        self.last_read_s = 0.0
         self.fresh = True  # nothing of the body handed on yet: its first token is still to come
 
     def readable(self) -> None:
@@ -55,7 +55,6 @@ class _Followed:
         except Exception as exc:  # noqa: BLE001 -- delivered to the owner, which raises it
             self.end(exc)
             return
-        self.last_read_s = self.connection.arrived_s
         self.decode(data)
 
     def decode(self, data: bytes) -> None:
@@ -101,7 +100,6 @@ class StreamReader:
         """
         followed = _Followed(connection, on_payload)
         fd = connection.fileno()
-        followed.last_read_s = connection.arrived_s
         followed.decode(b"")  # what came with the response head
         if followed.finished.is_set():
             self._ended(followed)
@@ -137,14 +135,14 @@ class StreamReader:
             followed.finished.wait()
             return
         while not followed.finished.wait(connection.timeout_s):
-            if connection.timeout_s <= 0 or time.time() - followed.last_read_s >= connection.timeout_s:
+            if connection.timeout_s <= 0 or time.time() - connection.arrived_s >= connection.timeout_s:
                 raise Timeout(f"no response within {connection.timeout_s} s")
 
     def _ensure_running(self) -> None:
         if self._greenlet is None or self._greenlet.dead:
             self._greenlet = gevent.spawn(self._run)
 
-    def _set_of(self, followed: _Followed) -> Any:
+    def _set_of(self, followed: _Followed) -> select.epoll:
         return self._fresh if followed.fresh else self._epoll
 
     def _run(self) -> None:

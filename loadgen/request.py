@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from loadgen import http
-from loadgen.http import Connection
+from loadgen.http import Connection, Follow
 from loadgen.target import Target
 
 RECORD_SCHEMA_VERSION = 2  # 2: read_lag_s (a mean over the stream's reads) replaced first_read_lag_s
 OUTCOMES = ("ok", "http_error", "timeout", "connection_error", "truncated", "length_mismatch", "aborted")
-Follow = Callable[[Connection, Callable[[bytes, float], None]], None]  # loadgen.reader.StreamReader.follow
 RETRYABLE_4XX = (408, 429)  # request timeout, too many requests: the same request may pass later
 
 
@@ -86,18 +85,10 @@ class TokenStream:
     def feed(self, chunk: bytes, now: float) -> None:
         """Body bytes that arrived at ``now``: every event they complete is read (an event may span reads,
         and one read may complete several)."""
-        if not self._buffer and chunk.startswith(b"data:") and chunk.endswith(b"\n\n") and chunk.count(b"\n") == 2:
-            # the usual case, one whole event in the chunk, checked (as _plain_token) and counted inline: every
-            # streamed token passes through here
-            start = chunk.find(self._key) + len(self._key)
-            if (start >= len(self._key) and chunk[start] != 34  # 34: '"', an empty text
-                    and b'"usage"' not in chunk and b'"error"' not in chunk):
-                if self.first is None:
-                    self.first = now
-                else:
-                    self.gaps.append(now - self.last)
-                self.last = now
-                return
+        if (not self._buffer and chunk.startswith(b"data:") and chunk.endswith(b"\n\n") and chunk.count(b"\n") == 2
+                and self._plain_token(chunk)):
+            self._token(now)  # the usual case, one whole token event in the chunk: no splitting, no parsing
+            return
         self._buffer += chunk
         if b"\n\n" in self._buffer:
             *events, self._buffer = self._buffer.split(b"\n\n")

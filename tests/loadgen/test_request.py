@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from loadgen.http import ConnectionPool
+from loadgen.http import ConnectionPool, Follow
 from loadgen.reader import StreamReader
-from loadgen.request import Follow, RequestRecord, measure
+from loadgen.request import RequestRecord, measure
 from loadgen.spec import load_spec
 from loadgen.target import Target, build_target
 from tests.conftest import free_port
