@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import socket
 import ssl
-import struct
 import time
 from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
+
+from batchscope import receive_stamps
+from batchscope.receive_stamps import ANCILLARY_SIZE, TIMESPEC
 
 # Reads take everything there: the kernel merges data waiting in a socket into one block stamped with its last
 # arrival, so smaller reads would not time the tokens in it apart, only cost more reads to catch up
 RECV_SIZE = 65536
 MAX_HEADER_BYTES = 65536
 Payload = Callable[[bytes, float], None]  # a piece of a body and the arrival time of the read that completed it
-# Linux: the kernel stamps received data (CLOCK_REALTIME, ns); the socket module has no name for these
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-TIMESPEC = struct.Struct("qq")
 
 
 class ConnectFailed(OSError):
@@ -191,7 +190,7 @@ class Connection:
         if endpoint.tls:
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=endpoint.host)
         else:
-            self._stamped = _enable_timestamps(sock)
+            self._stamped = receive_stamps.enable(sock)  # not Linux: the time of the read
         sock.settimeout(self.timeout_s if self.read_timeouts else None)
         self._sock = sock
         self._buffer = b""
@@ -275,8 +274,10 @@ class Connection:
         # (setting a fresh socket timeout per read costs a timer per token), a trickling one
         try:
             if self._stamped:
-                data, ancillary, _flags, _address = sock.recvmsg(want if want < RECV_SIZE else RECV_SIZE, 64)
-                # SO_TIMESTAMPNS is the only ancillary data asked for
+                data, ancillary, _flags, _address = sock.recvmsg(
+                    want if want < RECV_SIZE else RECV_SIZE, ANCILLARY_SIZE)
+                # SO_TIMESTAMPNS is the only ancillary data asked for: parsed here, not by receive_stamps.arrival,
+                # a call less per token
                 if ancillary and len(ancillary[0][2]) >= TIMESPEC.size:
                     seconds, nanoseconds = TIMESPEC.unpack_from(ancillary[0][2])
                     arrived = seconds + nanoseconds * 1e-9
@@ -346,14 +347,6 @@ def _keep_alive(headers: dict[str, str]) -> bool:
 
 def _chunked_body(headers: dict[str, str]) -> bool:
     return headers.get("transfer-encoding", "").lower() == "chunked"
-
-
-def _enable_timestamps(sock: socket.socket) -> bool:
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        return True
-    except OSError:  # not Linux: fall back to the time of the read
-        return False
 
 
 def encode_request(endpoint: Endpoint, body: bytes, headers: dict[str, str]) -> bytes:

@@ -288,6 +288,7 @@ async def serve(deployment: Deployment, sock: socket.socket, stop: asyncio.Event
     await runner.setup()
     assert runner.server is not None, "set up just above"
     # not a SockSite: the connections' protocol is aiohttp's wrapped in the ground truth's arrival stamps
+    server.arrivals.stamp_listener(sock)
     listener = await asyncio.get_running_loop().create_server(
         server.arrivals.protocol_factory(runner.server), sock=sock, backlog=4096)
     host, port = sock.getsockname()[:2]

@@ -1,13 +1,21 @@
 """The ground truth's arrival stamps: the first bytes of each request on a connection, kept until it is answered,
-over a real loopback connection served by asyncio."""
+stamped when they reached the socket, over real loopback connections served by asyncio's loop and uvloop."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import time
+from collections.abc import Callable, Coroutine
 
+import pytest
+import uvloop
+
+from batchscope import receive_stamps
 from simulator.arrivals import ArrivalStamps
+
+LOOPS = pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+BUSY_S = 0.2  # the event loop kept busy this long after a request was sent
 
 
 class Recorder(asyncio.Protocol):
@@ -64,5 +72,40 @@ async def _scenario() -> None:
     assert inner.lost and stamps.received(inner.transport) is None  # a closed connection leaves nothing behind
 
 
-def test_arrival_is_the_first_byte_of_each_request_until_it_is_answered():
-    asyncio.run(_scenario())
+def _run(new_loop: Callable[[], asyncio.AbstractEventLoop], scenario: Coroutine) -> None:
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        runner.run(scenario)
+
+
+@LOOPS
+def test_arrival_is_the_first_byte_of_each_request_until_it_is_answered(new_loop):
+    _run(new_loop, _scenario())
+
+
+async def _busy_loop_scenario() -> None:
+    stamps = ArrivalStamps()
+    inner = Recorder()
+    server = await asyncio.get_running_loop().create_server(stamps.protocol_factory(lambda: inner), "127.0.0.1", 0)
+    stamps.stamp_listener(server.sockets[0])
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            for request in (b"a new connection's first request", b"the next request on it"):
+                sent = time.time()
+                client.sendall(request)
+                time.sleep(BUSY_S)  # the loop is busy (a burst of token writes, say): nothing reads meanwhile
+                await asyncio.wait_for(inner.received.wait(), 5)
+                arrived = stamps.received(inner.transport)
+                assert arrived is not None and sent <= arrived < sent + BUSY_S / 4, (request, arrived - sent)
+                assert inner.data == request
+                inner.data = b""
+                inner.received.clear()
+                stamps.forget(inner.transport)
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(not receive_stamps.enable(socket.socket()), reason="the kernel does not stamp received data")
+@LOOPS
+def test_arrival_is_when_the_bytes_reached_the_socket_not_when_a_busy_loop_read_them(new_loop):
+    _run(new_loop, _busy_loop_scenario())
