@@ -2,8 +2,8 @@
 
 One `batchscope sim serve` (H100 profile: 256 streams at ~27k tokens/s paced by its steps, the busiest a real
 single-GPU server gets; `--profile tiny` lets the simulator's own CPU set a higher rate; max_num_seqs 1024,
-max_num_batched_tokens 8192, a ground-truth log stamped when each request's bytes arrive) runs alone on core 0
-for the whole benchmark; every client runs on core 1, one at a time, against it:
+max_num_batched_tokens 8192, a ground-truth log stamped with the kernel's receive time of each request's bytes)
+runs alone on core 0 for the whole benchmark; every client runs on core 1, one at a time, against it:
 
 1. Capacity at N = 256 closed-loop streams (`--streams`), after a warm-up, over a window (`--duration`),
    three times for each client, alternating (`--repeat`); each figure is reported per run, pooled, and as the
