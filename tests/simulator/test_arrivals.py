@@ -109,3 +109,39 @@ async def _busy_loop_scenario() -> None:
 @LOOPS
 def test_arrival_is_when_the_bytes_reached_the_socket_not_when_a_busy_loop_read_them(new_loop):
     _run(new_loop, _busy_loop_scenario())
+
+
+async def _paused_scenario() -> None:
+    stamps = ArrivalStamps()
+    inner = Recorder()
+    server = await asyncio.get_running_loop().create_server(stamps.protocol_factory(lambda: inner), "127.0.0.1", 0)
+    stamps.stamp_listener(server.sockets[0])
+    try:
+        with socket.create_connection(server.sockets[0].getsockname()[:2]) as client:
+            client.sendall(b"head")
+            await asyncio.wait_for(inner.received.wait(), 5)
+            for _ in range(3):  # the take-over happens on the loop's next turn
+                await asyncio.sleep(0)
+            inner.received.clear()
+            inner.transport.pause_reading()  # type: ignore[union-attr]  # aiohttp's flow control
+            assert not inner.transport.is_reading()  # type: ignore[union-attr]
+            sent = time.time()
+            client.sendall(b", body")
+            for _ in range(10):  # turns in which a reader would have taken the bytes that are there
+                await asyncio.sleep(0)
+            assert inner.data == b"head"
+            inner.transport.resume_reading()  # type: ignore[union-attr]
+            await asyncio.wait_for(inner.received.wait(), 5)
+            assert inner.data == b"head, body"
+            stamps.forget(inner.transport)
+            inner.received.clear()
+            client.sendall(b"next")
+            await asyncio.wait_for(inner.received.wait(), 5)
+            assert sent <= stamps.received(inner.transport) <= time.time()  # type: ignore[operator]
+    finally:
+        server.close()
+
+
+@LOOPS
+def test_flow_control_pauses_and_resumes_the_taken_over_reads(new_loop):
+    _run(new_loop, _paused_scenario())
