@@ -146,6 +146,14 @@ class StreamReader:
         return self._fresh if followed.fresh else self._epoll
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except Exception as exc:  # noqa: BLE001 -- a fault here must end the bodies it reads, not strand them
+            # each owner raises it (its request's outcome) and unregisters its socket; the next follow respawns
+            for followed in list(self._followed.values()):
+                followed.end(exc)
+
+    def _serve(self) -> None:
         hub = gevent.get_hub()
         ready = hub.loop.io(self._epoll.fileno(), 1)
         poll, fresh_fd, read = self._epoll.poll, self._fresh.fileno(), self._read

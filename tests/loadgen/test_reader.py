@@ -152,3 +152,21 @@ def test_a_silent_server_times_out_when_reads_time_out():
     assert 0.15 < time.monotonic() - started < 3
     connection.close()
     thread.join(timeout=5)
+
+
+def test_a_fault_in_the_readers_own_loop_ends_every_body_it_reads_at_once():
+    # the first chunk after the head (the body waits in the fresh set), then the server hangs up
+    endpoint, thread = paced_server([(0, HEAD), (0.05, b"3\r\none\r\n")], close=True)
+    connection, headers = opened(endpoint, read_timeouts=False)
+    reader = StreamReader()
+    faults = iter([OSError("epoll bookkeeping")])
+
+    def faulty_read_fresh() -> None:
+        raise next(faults)
+
+    reader._read_fresh = faulty_read_fresh  # type: ignore[method-assign]  # called when the chunk comes
+    with pytest.raises(OSError, match="epoll bookkeeping"):
+        follow_all(connection, headers, reader)
+    assert not reader._followed
+    connection.close()
+    thread.join(timeout=5)
