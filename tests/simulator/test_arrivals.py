@@ -4,9 +4,10 @@ stamped when they reached the socket, over real loopback connections served by a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 
 import pytest
 import uvloop
@@ -38,13 +39,27 @@ class Recorder(asyncio.Protocol):
         self.lost = True
 
 
-async def _scenario() -> None:
+@contextlib.asynccontextmanager
+async def _connected() -> AsyncIterator[tuple[ArrivalStamps, Recorder, socket.socket]]:
+    """A client connected to a loopback server stamped as the simulator stamps (its protocol: one Recorder)."""
     stamps = ArrivalStamps()
     inner = Recorder()
     server = await asyncio.get_running_loop().create_server(stamps.protocol_factory(lambda: inner), "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    client = socket.create_connection(("127.0.0.1", port))
+    stamps.stamp_listener(server.sockets[0])
     try:
+        with socket.create_connection(server.sockets[0].getsockname()[:2]) as client:
+            yield stamps, inner, client
+    finally:
+        server.close()
+
+
+def _kernel_stamps() -> bool:
+    with socket.socket() as probe:
+        return receive_stamps.enable(probe)
+
+
+async def _scenario() -> None:
+    async with _connected() as (stamps, inner, client):
         sent = time.time()
         client.sendall(b"first request, part one")
         await asyncio.wait_for(inner.received.wait(), 5)
@@ -63,12 +78,9 @@ async def _scenario() -> None:
         await asyncio.wait_for(inner.received.wait(), 5)
         second = stamps.received(inner.transport)
         assert second is not None and second > first
-    finally:
-        client.close()
-        deadline = time.monotonic() + 5
-        while not inner.lost and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        server.close()
+    deadline = time.monotonic() + 5
+    while not inner.lost and time.monotonic() < deadline:  # the client has hung up
+        await asyncio.sleep(0.01)
     assert inner.lost and stamps.received(inner.transport) is None  # a closed connection leaves nothing behind
 
 
@@ -83,63 +95,48 @@ def test_arrival_is_the_first_byte_of_each_request_until_it_is_answered(new_loop
 
 
 async def _busy_loop_scenario() -> None:
-    stamps = ArrivalStamps()
-    inner = Recorder()
-    server = await asyncio.get_running_loop().create_server(stamps.protocol_factory(lambda: inner), "127.0.0.1", 0)
-    stamps.stamp_listener(server.sockets[0])
-    port = server.sockets[0].getsockname()[1]
-    try:
-        with socket.create_connection(("127.0.0.1", port)) as client:
-            for request in (b"a new connection's first request", b"the next request on it"):
-                sent = time.time()
-                client.sendall(request)
-                time.sleep(BUSY_S)  # the loop is busy (a burst of token writes, say): nothing reads meanwhile
-                await asyncio.wait_for(inner.received.wait(), 5)
-                arrived = stamps.received(inner.transport)
-                assert arrived is not None and sent <= arrived < sent + BUSY_S / 4, (request, arrived - sent)
-                assert inner.data == request
-                inner.data = b""
-                inner.received.clear()
-                stamps.forget(inner.transport)
-    finally:
-        server.close()
+    async with _connected() as (stamps, inner, client):
+        for request in (b"a new connection's first request", b"the next request on it"):
+            sent = time.time()
+            client.sendall(request)
+            time.sleep(BUSY_S)  # the loop is busy (a burst of token writes, say): nothing reads meanwhile
+            await asyncio.wait_for(inner.received.wait(), 5)
+            arrived = stamps.received(inner.transport)
+            assert arrived is not None and sent <= arrived < sent + BUSY_S / 4, (request, arrived - sent)
+            assert inner.data == request
+            inner.data = b""
+            inner.received.clear()
+            stamps.forget(inner.transport)
 
 
-@pytest.mark.skipif(not receive_stamps.enable(socket.socket()), reason="the kernel does not stamp received data")
+@pytest.mark.skipif(not _kernel_stamps(), reason="the kernel does not stamp received data")
 @LOOPS
 def test_arrival_is_when_the_bytes_reached_the_socket_not_when_a_busy_loop_read_them(new_loop):
     _run(new_loop, _busy_loop_scenario())
 
 
 async def _paused_scenario() -> None:
-    stamps = ArrivalStamps()
-    inner = Recorder()
-    server = await asyncio.get_running_loop().create_server(stamps.protocol_factory(lambda: inner), "127.0.0.1", 0)
-    stamps.stamp_listener(server.sockets[0])
-    try:
-        with socket.create_connection(server.sockets[0].getsockname()[:2]) as client:
-            client.sendall(b"head")
-            await asyncio.wait_for(inner.received.wait(), 5)
-            for _ in range(3):  # the take-over happens on the loop's next turn
-                await asyncio.sleep(0)
-            inner.received.clear()
-            inner.transport.pause_reading()  # type: ignore[union-attr]  # aiohttp's flow control
-            assert not inner.transport.is_reading()  # type: ignore[union-attr]
-            sent = time.time()
-            client.sendall(b", body")
-            for _ in range(10):  # turns in which a reader would have taken the bytes that are there
-                await asyncio.sleep(0)
-            assert inner.data == b"head"
-            inner.transport.resume_reading()  # type: ignore[union-attr]
-            await asyncio.wait_for(inner.received.wait(), 5)
-            assert inner.data == b"head, body"
-            stamps.forget(inner.transport)
-            inner.received.clear()
-            client.sendall(b"next")
-            await asyncio.wait_for(inner.received.wait(), 5)
-            assert sent <= stamps.received(inner.transport) <= time.time()  # type: ignore[operator]
-    finally:
-        server.close()
+    async with _connected() as (stamps, inner, client):
+        client.sendall(b"head")
+        await asyncio.wait_for(inner.received.wait(), 5)
+        for _ in range(3):  # the take-over happens on the loop's next turn
+            await asyncio.sleep(0)
+        inner.received.clear()
+        inner.transport.pause_reading()  # type: ignore[union-attr]  # aiohttp's flow control
+        assert not inner.transport.is_reading()  # type: ignore[union-attr]
+        sent = time.time()
+        client.sendall(b", body")
+        for _ in range(10):  # turns in which a reader would have taken the bytes that are there
+            await asyncio.sleep(0)
+        assert inner.data == b"head"
+        inner.transport.resume_reading()  # type: ignore[union-attr]
+        await asyncio.wait_for(inner.received.wait(), 5)
+        assert inner.data == b"head, body"
+        stamps.forget(inner.transport)
+        inner.received.clear()
+        client.sendall(b"next")
+        await asyncio.wait_for(inner.received.wait(), 5)
+        assert sent <= stamps.received(inner.transport) <= time.time()  # type: ignore[operator]
 
 
 @LOOPS
