@@ -8,6 +8,7 @@ Master → workers: "batchscope_stop" asks every worker to stop (abort in-flight
 from __future__ import annotations
 
 import logging
+import time
 
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
@@ -49,10 +50,15 @@ def attach_report(environment: Environment, data: dict) -> None:
 
 
 def stop_worker(environment: Environment) -> None:
-    """Abort this worker's in-flight requests and send every record left; harmless when repeated."""
+    """Abort this worker's in-flight requests and send every record left; harmless when repeated.
+
+    A worker stopped before its first user (a signal while the master spawns) has nothing to send, and says so:
+    the master would otherwise wait out FINAL_REPORT_TIMEOUT_S for it.
+    """
     run = stop_sender(environment)  # Locust's own final report carries the queued stats to the master
-    if run is not None:
-        runner_of(environment).send_message(FINAL, run.report(final=True).to_wire())
+    report = run.report(final=True) if run is not None else SenderReport(final=True, at_s=time.time(),
+                                                                          cpu_s=time.process_time())
+    runner_of(environment).send_message(FINAL, report.to_wire())
 
 
 def quit_worker(environment: Environment) -> None:

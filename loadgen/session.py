@@ -34,6 +34,7 @@ class Session:
     events: DeferredRequestEvents | None = None  # the sender's records on their way into Locust's stats
     control: RunControl | None = None  # controller only: built at init from the spec
     registry: CollectorRegistry | None = None  # controller only: the merged client metrics
+    stop_requested: bool = False  # the run is ending: a sender built from now on starts no request
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Environment, Session] = weakref.WeakKeyDictionary()
@@ -70,12 +71,16 @@ def sender(environment: Environment) -> LoadRun:
         state.sender = LoadRun(spec, target, run_id=options.run_id,
                                worker_index=worker_index, workers=workers, on_record=events.add)
         state.events = events
+        if state.stop_requested:  # users spawned after the stop came (a signal mid-spawn): they idle
+            state.sender.stop_now()
     return state.sender
 
 
 def stop_sender(environment: Environment) -> LoadRun | None:
-    """Abort this process's in-flight requests and queue every record left; None before the first user."""
+    """Abort this process's in-flight requests and queue every record left; None before the first user (whose
+    sender then starts nothing)."""
     state = session(environment)
+    state.stop_requested = True
     if state.sender is None:
         return None
     state.sender.stop_now()

@@ -4,6 +4,7 @@ client timings that agree with the server's ground truth."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 
 import numpy as np
@@ -89,6 +90,18 @@ def test_two_workers_split_the_load_and_the_master_merges_everything(simulator, 
         expected = sum(w.outcomes[outcome] for w in workers.values())
         assert merged[("batchscope_client_requests_total", outcome)] == expected
     assert merged[("batchscope_client_requests_started_total", None)] == result.summary["started"]
+
+
+def test_a_worker_without_users_does_not_hold_up_the_end_of_the_run(simulator, tmp_path):
+    sim = simulator("--profile", "tiny")
+    spec = {**BASE, "duration_s": 2, "load": {"mode": "concurrency", "concurrency": 1}}  # one worker idles
+    started = time.monotonic()
+    result = run_load(tmp_path, spec, sim.url, workers=2)
+    took_s = time.monotonic() - started
+    assert_balanced(result)
+    assert result.summary["completed"] > 0
+    # the idle worker answers the master's stop at once, not after the final reports' deadline (30 s)
+    assert took_s < 20, f"a 2 s run took {took_s:.1f} s"
 
 
 def test_a_closed_loop_obeys_littles_law(simulator, tmp_path):
