@@ -5,11 +5,13 @@ not load one setting); `run_one` drives one run: start the server, read /metrics
 and after, run `batchscope load` for warm-up + window, stop the server, then compute and save the RunResult
 (run.json written last and atomically: a run folder without it is unfinished and is redone by --resume).
 A signal (SIGINT, SIGTERM) raises `Interrupted` in the main thread; `run_one`'s cleanup stops the load and the
-server and leaves no run.json.
+server and leaves no run.json. The cleanup itself is not interrupted (`signals_deferred`): a signal that lands
+in it is raised once the server is stopped, so no server is left holding the GPU and the port.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,8 +21,10 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import requests
 import yaml
@@ -131,22 +135,27 @@ def run_one(plan: Plan, run: PlannedRun, run_dir: Path, server: Server, progress
         started = server.start(run.params, run_dir / "server.log")
     except StartFailed as exc:
         return RunResult(**base, finished_at=now_iso(), status="failed", failure=str(exc), log_tail=exc.log_tail)
-    base["command_line"] = started.command_line
+    except BaseException:  # a signal while it started (its own cleanup may not have covered every step)
+        with signals_deferred():
+            server.stop()
+        raise
     sampler = MetricsSampler(started.url, run_dir / "metrics-samples.jsonl")
     load = None
     try:
+        base["command_line"] = started.command_line
         before = fetch_metrics(started.url, run_dir / "metrics-before.prom")
         sampler.start()
         load = start_load(plan, run, run_dir, started.url)
         died = follow_load(plan, load, server, progress)
         after = fetch_metrics(started.url, run_dir / "metrics-after.prom") if not died else None
     finally:
-        sampler.stop()
-        if load is not None:
-            stop_process(load.process, LOAD_STOP_GRACE_S, LOAD_STOP_GRACE_S / 3)
-        progress.set_phase("stopping")
-        log_tail = server.log_tail()
-        server.stop()
+        with signals_deferred():
+            sampler.stop()
+            if load is not None:
+                stop_process(load.process, LOAD_STOP_GRACE_S, LOAD_STOP_GRACE_S / 3)
+            progress.set_phase("stopping")
+            log_tail = server.log_tail()
+            server.stop()
     if died:
         return RunResult(**base, finished_at=now_iso(), status="failed", failure=died, log_tail=log_tail)
     points = [p for p in (before, *sampler.points, after) if p is not None]
@@ -304,22 +313,52 @@ def annotate(plan: Plan, run: PlannedRun, start: float, stop: float) -> None:
 # --- signals --------------------------------------------------------------------------------------------------
 
 class StopOnSignal:
-    """Within the block, the first SIGINT or SIGTERM raises Interrupted; later ones wait for the cleanup."""
+    """Within the block, the first SIGINT or SIGTERM raises Interrupted (at once, or when the cleanup it landed
+    in ends: ``signals_deferred``); later ones wait for the cleanup."""
+
+    active: ClassVar[StopOnSignal | None] = None  # signal handlers are the process's: one block at a time
 
     def __init__(self) -> None:
         self.received: signal.Signals | None = None
+        self.raised = False
+        self.deferring = 0  # nested signals_deferred blocks
         self._previous: dict = {}
 
     def __enter__(self) -> StopOnSignal:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._handle)
+        StopOnSignal.active = self
         return self
 
     def __exit__(self, *exc) -> None:
+        StopOnSignal.active = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
     def _handle(self, number: int, _frame) -> None:
         if self.received is None:
             self.received = signal.Signals(number)
-            raise Interrupted(self.received.name)
+            if not self.deferring:
+                self.interrupt()
+
+    def interrupt(self) -> None:
+        assert self.received is not None, "a signal arrived"
+        self.raised = True
+        raise Interrupted(self.received.name)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Cleanup that must finish (stopping the load and the server): a first signal that lands inside raises
+    Interrupted when the block ends, not in the middle of it."""
+    guard = StopOnSignal.active
+    if guard is None:
+        yield
+        return
+    guard.deferring += 1
+    try:
+        yield
+    finally:
+        guard.deferring -= 1
+    if not guard.deferring and guard.received is not None and not guard.raised:
+        guard.interrupt()
