@@ -12,7 +12,9 @@ import uuid
 from simulator import tokenizer
 from simulator.protocol import GenerationRequest
 
-VLLM_VERSION = "0.13.0"
+# what /version and the start-up log report: the release the default (H100) profile and the start-up log lines
+# are calibrated to, and compose's vLLM image (so the exporter's vllm_version reads the same either way)
+VLLM_VERSION = "0.19.0"
 
 
 def dumps(body: object) -> str:

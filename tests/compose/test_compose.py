@@ -18,6 +18,8 @@ import pytest
 import yaml
 from jsonschema import Draft7Validator
 
+from simulator.responses import VLLM_VERSION
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"
 SCHEMA = ROOT / "tests" / "fixtures" / "compose-spec.schema.json"
@@ -216,6 +218,8 @@ def test_every_image_is_pinned_to_a_release():
     assert "grafana/grafana-oss" not in images  # not updated after 12.4.0
     prometheus_tag = raw()["services"]["prometheus"]["image"].rpartition(":")[2]
     assert prometheus_tag.startswith("v2."), "rules are tested with promtool 2.42; 3.x changes defaults"
+    # the simulator says it is the vLLM release the stack runs with --profile gpu (and its profile mirrors)
+    assert raw()["services"]["vllm"]["image"] == f"vllm/vllm-openai:v{VLLM_VERSION}"
 
 
 def test_dockerfile_base_is_pinned_runs_non_root_and_bakes_no_secrets():
