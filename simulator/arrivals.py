@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from batchscope import receive_stamps
 
-READ_SIZE = 65536  # aiohttp's own read size
+READ_SIZE = 65536  # a usual request in one read; a larger one takes several (the first stamp is its arrival)
 
 
 class ArrivalStamps:
