@@ -24,7 +24,7 @@ RESYNC_S = 0.05
 TIMER_SLACK_S = 0.0005
 Delivery = tuple["RequestStream", int, str | None]  # a stream, its tokens produced so far, its finish reason
 # streams written between two yields to the event loop (~25 µs each): a request arriving during a large step's
-# burst of writes is taken in (and stamped) within a fraction of a millisecond; vLLM's API server yields every
+# burst of writes is taken in (its handler run) within a fraction of a millisecond; vLLM's API server yields every
 # VLLM_V1_OUTPUT_PROC_CHUNK_SIZE outputs for the same reason
 DELIVERY_SLICE = 8
 
@@ -139,7 +139,7 @@ class RealtimeEngine:
             self.steps += 1
             pace = target_end
             # a step's completion and the next one's scheduling are each ~0.3-0.6 ms of numpy at hundreds of
-            # streams: requests arriving in between are taken in (and stamped) between the two, as vLLM's engine
+            # streams: requests arriving in between are taken in between the two, as vLLM's engine
             # core takes its input queue between steps
             await asyncio.sleep(0)
 

@@ -307,11 +307,12 @@ async def serve(deployment: Deployment, sock: socket.socket, stop: asyncio.Event
 def _collect_garbage_on_schedule() -> asyncio.Task:
     """Python's cycle collector, run every GC_INTERVAL_S instead of whenever allocations pass its thresholds.
 
-    Left to itself it ran a few times a second at hundreds of streams, each pause (up to ~10 ms) delaying the
-    requests arriving meanwhile, and so their ground-truth arrival stamps. The requests' own objects die by
-    reference counting: a full collection after 10 s at 110 requests/s found 9 objects to free (and took
-    ~15 ms), so once a minute bounds the garbage and touches a tenth of a percent of arrivals. Start-up's
-    objects live as long as the server: frozen out of the collector's sight, they cost no collection anything.
+    Left to itself it ran a few times a second at hundreds of streams, each pause (up to ~10 ms) delaying every
+    stream's next token and the requests arriving meanwhile: latency of the simulator's own, not of the server
+    it models. The requests' own objects die by reference counting: a full collection after 10 s at 110
+    requests/s found 9 objects to free (and took ~15 ms), so once a minute bounds the garbage and touches a tenth
+    of a percent of arrivals. Start-up's objects live as long as the server: frozen out of the collector's sight,
+    they cost no collection anything.
     """
     gc.freeze()
     gc.disable()
