@@ -1,18 +1,23 @@
 """Serve a registry over HTTP, always in the classic text format 0.0.4 (whatever the Accept header says).
 
 prometheus_client >= 0.23 answers Prometheus 2.x's OpenMetrics Accept header with escaped names (`vllm_...`);
-the classic format keeps `vllm:` names intact (../shared/reference/ecosystem.md §2).
+the classic format keeps `vllm:` names intact (../shared/reference/ecosystem.md §2). A scraper that hangs up
+mid-response (its scrape timeout) is a debug line, not a traceback on stderr.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from batchscope.exposition import CONTENT_TYPE
+
+log = logging.getLogger("batchscope.exporter.server")
 
 
 def make_server(registry: CollectorRegistry, address: tuple, family: socket.AddressFamily = socket.AF_INET
@@ -40,6 +45,14 @@ def make_server(registry: CollectorRegistry, address: tuple, family: socket.Addr
     class Server(ThreadingHTTPServer):
         address_family = family  # an IPv6 --host (::) needs an AF_INET6 socket
         daemon_threads = True
+
+        def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: tuple) -> None:
+            failure = sys.exc_info()[1]
+            if isinstance(failure, BrokenPipeError | ConnectionResetError):
+                # the scraper gave up (its scrape timeout) while the body was being written: its problem, not ours
+                log.debug("scraper %s hung up mid-response: %s", client_address[0], failure)
+                return
+            super().handle_error(request, client_address)
 
     return Server(address, Handler)
 
