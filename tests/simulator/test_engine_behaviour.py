@@ -110,8 +110,8 @@ def test_startup_kv_cache_matches_vllm_v019_log() -> None:
         )
     )
     lines = deployment.kv_plan.log_lines()
-    assert "GPU KV cache size: 476,016 tokens" in lines
-    assert "Maximum concurrency for 8,192 tokens per request: 58.11x" in lines
+    # v0.19's capacity, in 0.32's one-line format
+    assert "GPU KV cache size: 476,016 tokens, Maximum concurrency for 8,192 tokens per request: 58.11x" in lines
     assert "Model loading took 14.99 GiB" in lines
     assert deployment.limits().num_gpu_blocks * 16 == 476_016
 
