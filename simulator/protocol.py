@@ -31,6 +31,11 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}}
 
 
+def _param_error(message: str, param: str, value: object) -> ApiError:
+    """A 400 naming the parameter, as vLLM 0.32's VLLMValidationError words it: the message, then the value."""
+    return ApiError(400, f"{message} (parameter={param}, value={value})", param=param)
+
+
 class _Body(BaseModel):
     # vLLM's OpenAIBaseModel accepts fields it does not know (and logs them); so do we, silently
     model_config = ConfigDict(extra="allow")
@@ -103,15 +108,16 @@ def check_sampling(fields: GenerationFields, max_tokens: int) -> None:
     if fields.repetition_penalty is not None and not fields.repetition_penalty > 0.0:
         raise ApiError(400, f"repetition_penalty must be greater than zero, got {fields.repetition_penalty}.")
     if fields.temperature is not None and fields.temperature < 0.0:
-        raise ApiError(400, f"temperature must be non-negative, got {fields.temperature}.", param="temperature")
+        raise _param_error(f"temperature must be non-negative, got {fields.temperature}.", "temperature",
+                           fields.temperature)
     if fields.top_p is not None and not 0.0 < fields.top_p <= 1.0:
-        raise ApiError(400, f"top_p must be in (0, 1], got {fields.top_p}.", param="top_p")
+        raise _param_error(f"top_p must be in (0, 1], got {fields.top_p}.", "top_p", fields.top_p)
     if fields.top_k is not None and fields.top_k < -1:  # vLLM quietly accepts -1 as "disabled"
         raise ApiError(400, f"top_k must be 0 (disable), or at least 1, got {fields.top_k}.")
     if fields.min_p is not None and not 0.0 <= fields.min_p <= 1.0:
         raise ApiError(400, f"min_p must be in [0, 1], got {fields.min_p}.")
     if max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+        raise _param_error(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
     if fields.min_tokens < 0:
         raise ApiError(400, f"min_tokens must be greater than or equal to 0, got {fields.min_tokens}.")
     if fields.min_tokens > max_tokens:
@@ -148,36 +154,55 @@ def require_object(body: object) -> dict:
 
 
 def generation_request(body: dict, chat: bool, served: ServedModel) -> GenerationRequest:
-    """A /v1/completions (``chat`` False) or /v1/chat/completions body, checked in vLLM's order."""
+    """A /v1/completions (``chat`` False) or /v1/chat/completions body, checked in vLLM 0.32's order.
+
+    A requested output longer than max_model_len is refused before the prompt is read; a prompt that alone
+    passes max_model_len is refused; otherwise max_tokens is cut to what the context leaves (no 400: vLLM 0.32
+    answers prompt 2000 + max_tokens 100 at max_model_len 2048 with 48 tokens, finish_reason "length"), and
+    SamplingParams' checks see the cut value (a prompt that fills the context leaves max_tokens 0).
+    """
     fields = parse(GenerationFields, body)
     if fields.model is not None and fields.model not in served.names:
         raise ApiError(404, f"The model `{fields.model}` does not exist.", "NotFoundError", "model")
-    if chat:
-        prompt_ids = tokenizer.encode_chat(messages(body))
-        # chat's default output fills the context, as vLLM's does
-        default = max(served.max_model_len - len(prompt_ids), 1)
-        max_tokens = next((n for n in (fields.max_completion_tokens, fields.max_tokens) if n is not None), default)
-    else:
-        prompt_ids = prompt_token_ids(body.get("prompt"), add_bos=True)
-        max_tokens = 16 if fields.max_tokens is None else fields.max_tokens
-    _check_lengths(prompt_ids, max_tokens, served.max_model_len, chat)
+    limit = served.max_model_len
+    name, requested = _requested_output(fields, chat)
+    if requested is not None and requested > limit:
+        raise _param_error(f"{name}={requested} cannot be greater than max_model_len={limit}. Please request fewer "
+                           "output tokens.", name, requested)
+    prompt_ids = tokenizer.encode_chat(messages(body)) if chat else prompt_token_ids(body.get("prompt"), add_bos=True)
+    _check_prompt_length(prompt_ids, limit, from_text=chat or _is_text(body.get("prompt")))
+    room = limit - len(prompt_ids)
+    if requested is None:
+        requested = room if chat else 16  # chat's default output fills the context, as vLLM's does
+    max_tokens = min(requested, room)
     check_sampling(fields, max_tokens)
     return GenerationRequest(chat, prompt_ids, max_tokens, fields.min_tokens, fields.ignore_eos,
                              bool(fields.stream), fields.include_usage)
 
 
-def _check_lengths(prompt_ids: list[int], max_tokens: int, limit: int, chat: bool) -> None:
+def _requested_output(fields: GenerationFields, chat: bool) -> tuple[str, int | None]:
+    """The output-length field the request set (chat prefers max_completion_tokens) and its value, if any."""
+    if chat and fields.max_completion_tokens is not None:
+        return "max_completion_tokens", fields.max_completion_tokens
+    return "max_tokens", fields.max_tokens
+
+
+def _check_prompt_length(prompt_ids: list[int], limit: int, from_text: bool) -> None:
+    """vLLM 0.32's refusal of a prompt longer than the context, even with no output."""
     if not prompt_ids:
         raise ApiError(400, "The decoder prompt cannot be empty", param="prompt")
-    prompt_len = len(prompt_ids)
-    if prompt_len + max_tokens > limit:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
-            "Please reduce the length of the messages or completion.",
-            param="messages" if chat else "prompt",
-        )
+    if len(prompt_ids) <= limit:
+        return
+    # vLLM tokenizes text truncated at limit + 1 tokens, so it knows only that there are at least that many
+    count, at_least = (limit + 1, "at least ") if from_text else (len(prompt_ids), "")
+    raise _param_error(f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                       f"{at_least}{count} input tokens, which exceeds this limit even without any output tokens. "
+                       "Please reduce the length of the input prompt.", "input_tokens", count)
+
+
+def _is_text(prompt: object) -> bool:
+    """Whether a completion's prompt is text (or a one-element list of text) rather than token ids."""
+    return isinstance(prompt, str) or (isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str))
 
 
 def tokenize_ids(body: dict) -> list[int]:

@@ -76,14 +76,28 @@ def test_without_ignore_eos_a_seeded_eos_ends_some_outputs_early_but_never_befor
     assert all((reason == "length") == (n == 300) for n, reason in lengths)
 
 
-def test_over_long_prompt_is_400_with_vllms_error_json(tiny):
-    reply = requests.post(tiny.url + "/v1/completions",
-                          json={"prompt": list(range(4000)), "max_tokens": 200}, timeout=5)
+@pytest.mark.parametrize("stream", [False, True])
+def test_output_past_max_model_len_is_cut_to_fit_as_vllm_032_does(tiny, stream):
+    """real-parts.md §1: prompt 2000 + max_tokens 100 at max_model_len 2048 -> 48 tokens, "length"."""
+    body = {"prompt": [5] * 4000, "max_tokens": 200, "ignore_eos": True, "stream": stream,
+            "stream_options": {"include_usage": True} if stream else None}
+    reply = requests.post(tiny.url + "/v1/completions", json=body, timeout=30)
+    assert reply.status_code == 200
+    if stream:
+        chunks = [json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: {")]
+        usage, finish = chunks[-1]["usage"], [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
+    else:
+        usage, finish = reply.json()["usage"], reply.json()["choices"][0]["finish_reason"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], finish) == (4000, 96, "length")
+
+
+def test_a_prompt_over_max_model_len_is_400_with_vllms_error_json(tiny):
+    reply = requests.post(tiny.url + "/v1/completions", json={"prompt": [5] * 4097, "max_tokens": 5}, timeout=5)
     assert reply.status_code == 400
     error = reply.json()["error"]
-    assert error["type"] == "BadRequestError" and error["code"] == 400
-    assert "maximum context length is 4096 tokens" in error["message"]
-    assert "4200" in error["message"]
+    assert (error["type"], error["code"], error["param"]) == ("BadRequestError", 400, "input_tokens")
+    assert error["message"].startswith("This model's maximum context length is 4096 tokens. However, your prompt "
+                                       "contains 4097 input tokens")
 
 
 def test_bad_requests_get_400_or_404(tiny):

@@ -58,10 +58,15 @@ def test_lax_types_as_vllm_reads_them():
     ({"prompt": []}, 400, "prompt", "The decoder prompt cannot be empty"),
     ({"prompt": [tokenizer.VOCAB_SIZE]}, 400, "prompt", "out of vocabulary"),
     ({"prompt": 5}, 400, "prompt", "prompt must be a string or a list of token ids"),
-    ({"prompt": "x", "max_tokens": 100}, 400, "prompt", "maximum context length is 64 tokens"),
-    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "max_tokens must be at least 1"),
+    ({"prompt": "x", "max_tokens": 65}, 400, "max_tokens",
+     "max_tokens=65 cannot be greater than max_model_len=64. Please request fewer output tokens. "
+     "(parameter=max_tokens, value=65)"),
+    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens",
+     "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"),
     ({"prompt": "x", "n": 2}, 400, "n", "n must be 1"),
-    ({"prompt": "x", "top_p": 0}, 400, "top_p", "top_p must be in (0, 1]"),
+    ({"prompt": "x", "top_p": 0}, 400, "top_p", "top_p must be in (0, 1], got 0.0. (parameter=top_p, value=0.0)"),
+    ({"prompt": "x", "temperature": -1}, 400, "temperature",
+     "temperature must be non-negative, got -1.0. (parameter=temperature, value=-1.0)"),
 ])
 def test_bad_completion_requests_get_vllms_status_and_message(body, status, param, text):
     error = error_of(body)
@@ -72,7 +77,50 @@ def test_bad_completion_requests_get_vllms_status_and_message(body, status, para
 
 def test_a_chat_needs_a_list_of_messages():
     assert error_of({"messages": "hi"}, chat=True).param == "messages"
-    assert error_of({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100}, chat=True).param == "messages"
+
+
+def test_output_that_would_pass_max_model_len_is_cut_not_refused():
+    """vLLM 0.32 cuts max_tokens to what the context leaves (real-parts.md §1: 2000 + 100 at 2048 -> 48 tokens)."""
+    assert generation_request({"prompt": [5] * 60, "max_tokens": 10}, False, SERVED).max_tokens == 4
+    assert generation_request({"prompt": [5] * 60}, False, SERVED).max_tokens == 4  # the default 16, cut
+    assert generation_request({"prompt": [5] * 63, "max_tokens": 64}, False, SERVED).max_tokens == 1
+    chat = {"messages": [{"role": "user", "content": "a b c"}], "max_completion_tokens": 64}
+    gen = generation_request(chat, True, SERVED)
+    assert gen.max_tokens == SERVED.max_model_len - len(gen.prompt_ids)
+
+
+def test_min_tokens_is_checked_against_the_cut_max_tokens():
+    error = error_of({"prompt": [5] * 60, "max_tokens": 10, "min_tokens": 5})
+    assert (error.status, error.param) == (400, None)
+    assert error.message == "min_tokens must be less than or equal to max_tokens=4, got 5."
+    assert error_of({"prompt": "x", "max_tokens": 3, "min_tokens": 5}).message == \
+        "min_tokens must be less than or equal to max_tokens=3, got 5."
+
+
+def test_a_prompt_that_fills_the_context_leaves_no_output_and_is_refused_as_vllm_does():
+    full = error_of({"prompt": [5] * 64, "max_tokens": 10})
+    assert (full.status, full.param) == (400, "max_tokens")
+    assert full.message == "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
+    over = error_of({"prompt": [5] * 65})
+    assert (over.status, over.param) == (400, "input_tokens")
+    assert over.message == ("This model's maximum context length is 64 tokens. However, your prompt contains 65 "
+                            "input tokens, which exceeds this limit even without any output tokens. Please reduce "
+                            "the length of the input prompt. (parameter=input_tokens, value=65)")
+    # text is tokenized with truncation at max_model_len + 1, so vLLM says "at least"
+    for body, chat in (({"prompt": " ".join(["w"] * 200)}, False),
+                       ({"messages": [{"role": "user", "content": " ".join(["w"] * 200)}]}, True)):
+        error = error_of(body, chat)
+        assert error.param == "input_tokens" and "your prompt contains at least 65 input tokens" in error.message
+        assert error.message.endswith("(parameter=input_tokens, value=65)")
+
+
+def test_max_tokens_over_max_model_len_is_refused_before_the_prompt_is_read():
+    error = error_of({"prompt": [5] * 100, "max_tokens": 200})
+    assert error.param == "max_tokens" and error.message.startswith("max_tokens=200 cannot be greater than")
+    chat = error_of({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 65}, chat=True)
+    assert chat.param == "max_completion_tokens"
+    assert chat.message == ("max_completion_tokens=65 cannot be greater than max_model_len=64. Please request "
+                            "fewer output tokens. (parameter=max_completion_tokens, value=65)")
 
 
 def test_tokenize_and_detokenize_bodies():
