@@ -1,10 +1,11 @@
-"""vLLM's metrics as vLLM publishes them: names, types, HELP texts and label names, defined once.
+"""vLLM's metrics as vLLM publishes them: names, types, HELP texts, label names and values, defined once.
 
 From vLLM V1's ``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py; /work/shared/reference/vllm.md section 1),
-checked against captured /metrics in tests/fixtures/vllm-metrics-sample.txt. The simulator serves these, the
-exporter's tests and the exporter bench expect them. Names are vLLM's code names: prometheus_client exposes a
-counter ``vllm:prompt_tokens`` as ``vllm:prompt_tokens_total`` (``exposed_name``). Bucket boundaries live in
-batchscope.vllm_buckets.
+checked against captured /metrics in tests/fixtures/vllm-metrics-sample.txt and, for the release the project
+follows, a real vLLM 0.32.0 /metrics under load (tests/fixtures/vllm-0.32-cpu-metrics.txt). The simulator serves
+these, the exporter's tests and the exporter bench expect them. Names are vLLM's code names: prometheus_client
+exposes a counter ``vllm:prompt_tokens`` as ``vllm:prompt_tokens_total`` (``exposed_name``). Bucket boundaries
+live in batchscope.vllm_buckets.
 """
 
 from __future__ import annotations
@@ -13,6 +14,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 ENGINE_LABELS = ("model_name", "engine")  # served model name, data-parallel engine index ("0", "1", ...)
+
+# /metrics' Content-Type in 0.32, whatever the Accept header (the body is the classic text, `_created` series and
+# all). Prometheus 2.x reads any text/plain as the classic format; batchscope's own servers answer 0.0.4
+# (batchscope.exposition) because prometheus-client would otherwise negotiate escaped names
+EXPOSITION_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
+
+# label values, in vLLM 0.32's order (every one is exposed, at 0 until it happens)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+# 'capacity': in the scheduler's waiting queue, for budget, max_num_seqs or KV room; 'deferred': in its
+# skipped-waiting queue, held by a transient constraint (LoRA slots, a KV transfer, a blocked request)
+WAITING_REASONS = ("capacity", "deferred")
+PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
 @dataclass(frozen=True)
@@ -44,12 +57,23 @@ def _histogram(name: str, help_text: str) -> VllmMetric:
 
 NUM_REQUESTS_RUNNING = _gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
 NUM_REQUESTS_WAITING = _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+NUM_REQUESTS_WAITING_BY_REASON = _gauge(
+    "vllm:num_requests_waiting_by_reason",
+    "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' "
+    "= deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals "
+    "vllm:num_requests_waiting.",
+    ("reason", *ENGINE_LABELS),
+)
 KV_CACHE_USAGE = _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
 # labels: every CacheConfig field vLLM has (they vary by version) and the engine index, value 1
 CACHE_CONFIG_INFO = _gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", ("engine",))
 
 NUM_PREEMPTIONS = _counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
 PROMPT_TOKENS = _counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+# the prompt tokens again, split by where their KV came from; counted with prompt_tokens (at the first token)
+PROMPT_TOKENS_BY_SOURCE = _counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                                   ("source", *ENGINE_LABELS))
+PROMPT_TOKENS_CACHED = _counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
 GENERATION_TOKENS = _counter("vllm:generation_tokens", "Number of generation tokens processed.")
 PREFIX_CACHE_QUERIES = _counter("vllm:prefix_cache_queries",
                                 "Prefix cache queries, in terms of number of queried tokens.")
@@ -78,11 +102,19 @@ REQUEST_MAX_NUM_GENERATION_TOKENS = _histogram("vllm:request_max_num_generation_
 REQUEST_PARAMS_N = _histogram("vllm:request_params_n", "Histogram of the n request parameter.")
 REQUEST_PARAMS_MAX_TOKENS = _histogram("vllm:request_params_max_tokens",
                                        "Histogram of the max_tokens request parameter.")
+# one observation per finished request: its preemptions (0 included), and its prompt tokens not found cached
+REQUEST_NUM_PREEMPTIONS = _histogram("vllm:request_num_preemptions",
+                                     "Histogram of the number of times a request was preempted.")
+REQUEST_PREFILL_KV_COMPUTED_TOKENS = _histogram(
+    "vllm:request_prefill_kv_computed_tokens",
+    "Histogram of new KV tokens computed during prefill (excluding cached tokens).")
 
 CATALOGUE: tuple[VllmMetric, ...] = (
-    NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, KV_CACHE_USAGE, CACHE_CONFIG_INFO,
-    NUM_PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_SUCCESS,
+    NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, NUM_REQUESTS_WAITING_BY_REASON, KV_CACHE_USAGE, CACHE_CONFIG_INFO,
+    NUM_PREEMPTIONS, PROMPT_TOKENS, PROMPT_TOKENS_BY_SOURCE, PROMPT_TOKENS_CACHED, GENERATION_TOKENS,
+    PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_SUCCESS,
     ITERATION_TOKENS, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, REQUEST_TIME_PER_OUTPUT_TOKEN, E2E_REQUEST_LATENCY,
     REQUEST_QUEUE_TIME, REQUEST_INFERENCE_TIME, REQUEST_PREFILL_TIME, REQUEST_DECODE_TIME, REQUEST_PROMPT_TOKENS,
     REQUEST_GENERATION_TOKENS, REQUEST_MAX_NUM_GENERATION_TOKENS, REQUEST_PARAMS_N, REQUEST_PARAMS_MAX_TOKENS,
+    REQUEST_NUM_PREEMPTIONS, REQUEST_PREFILL_KV_COMPUTED_TOKENS,
 )

@@ -117,6 +117,7 @@ class EngineCore:
         self.slots.num_output[slot] = 0
         self.slots.num_blocks[slot] = 0
         self.slots.preemptions[slot] = 0
+        self.slots.cached_tokens[slot] = 0
         self.slots.arrival[slot] = now
         self.slots.first_scheduled[slot] = np.nan
         self.slots.first_token[slot] = np.nan
@@ -308,6 +309,8 @@ class EngineCore:
             self.slots.state[slot] = RUNNING
             if np.isnan(self.slots.first_scheduled[slot]):
                 self.slots.first_scheduled[slot] = now
+                # vLLM sets num_cached_tokens once, here: a resumed request's hits on its own blocks are not in it
+                self.slots.cached_tokens[slot] = computed
             admitted.append(slot)
             budget -= granted
             parts.append(np.array([slot]))
@@ -346,6 +349,7 @@ class EngineCore:
             ttft=now - self.slots.arrival[firsts],
             itl=now - self.slots.last_token[decodes],
             prompt_tokens_of_first=int(self.slots.prompt_len[firsts].sum()),
+            cached_tokens_of_first=int(self.slots.cached_tokens[firsts].sum()),
         )
         self.slots.last_token[sampled] = now
 
@@ -365,5 +369,7 @@ class EngineCore:
                 prompt_tokens=self.slots.prompt_len[group],
                 generation_tokens=self.slots.num_output[group],
                 max_tokens=self.slots.max_tokens[group],
+                preemptions=self.slots.preemptions[group],
+                cached_tokens=self.slots.cached_tokens[group],
             )
         self._pending_release.extend(int(s) for s in finished)

@@ -1,9 +1,10 @@
-"""Why a request ended: the engine's finish codes and vLLM's ``finished_reason`` names, defined once."""
+"""Why a request ended: the engine's finish codes and the ``finished_reason`` names vLLM gives them.
+
+The engine ends requests by length or stop only; vLLM's other label values (batchscope.vllm_catalogue's
+FINISHED_REASONS: abort, error, repetition) stay at 0, and a client disconnect is counted under none, as in 0.32.
+"""
 
 from __future__ import annotations
 
 REASON_LENGTH, REASON_STOP = 0, 1  # the engine's codes, in its per-step arrays
 REASON_NAMES = ("length", "stop")  # REASON_NAMES[code]: the name the API and the metrics use
-ABORT = "abort"
-# the finished_reason label values of vllm:request_success_total, in vLLM's order
-FINISH_REASONS = ("stop", "length", ABORT)

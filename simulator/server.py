@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from batchscope.exposition import CONTENT_TYPE
+from batchscope.vllm_catalogue import EXPOSITION_CONTENT_TYPE
 from simulator import protocol, responses
 from simulator.arrivals import ArrivalStamps
 from simulator.config import Deployment
@@ -131,7 +131,8 @@ class SimulatorServer:
         return _json_response({"version": responses.VLLM_VERSION})
 
     async def metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE})
+        # the classic text labelled as vLLM 0.32 labels it, whatever the Accept header (real-parts.md §1)
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": EXPOSITION_CONTENT_TYPE})
 
     async def sim_stats(self, _request: web.Request) -> web.Response:
         rt = self.realtime
@@ -139,6 +140,8 @@ class SimulatorServer:
             "steps": rt.steps, "tokens": rt.tokens, "step_lag_seconds": rt.lag_summary(),
             "num_requests_running": self.engine.num_running, "num_requests_waiting": self.engine.num_waiting,
             "kv_cache_usage_perc": self.engine.kv_cache_usage, "num_requests_stalled": self._faults.stalled,
+            # vLLM 0.32 counts a client disconnect in no series; the simulator's own count
+            "num_requests_aborted": self.engine.stats.requests_aborted,
         })
 
     async def models(self, _request: web.Request) -> web.Response:

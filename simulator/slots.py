@@ -41,6 +41,7 @@ class SlotTable:
     num_output: Ints  # tokens generated so far
     num_blocks: Ints  # KV blocks held, shared cached blocks included
     preemptions: Ints
+    cached_tokens: Ints  # prompt tokens found in the prefix cache when first scheduled (vLLM's num_cached_tokens)
     arrival: Floats
     first_scheduled: Floats
     first_token: Floats
@@ -53,7 +54,7 @@ class SlotTable:
             state=np.full(capacity, FREE, dtype=np.int8),
             prompt_len=_ints(capacity), max_tokens=_ints(capacity), eos_at=_ints(capacity),
             num_computed=_ints(capacity), num_output=_ints(capacity), num_blocks=_ints(capacity),
-            preemptions=_ints(capacity),
+            preemptions=_ints(capacity), cached_tokens=_ints(capacity),
             arrival=_times(capacity), first_scheduled=_times(capacity), first_token=_times(capacity),
             last_token=_times(capacity),
         )

@@ -5,6 +5,10 @@ collector turns the totals into vLLM's Prometheus families at scrape time. Defin
 ``vllm/v1/metrics/stats.py``: TTFT from arrival, one ITL observation per step per decoding request, queue time
 = first scheduled - queued, prefill = first token - first scheduled, decode = last token - first token,
 inference = last token - first scheduled, e2e = finish - arrival, TPOT = decode / (generation tokens - 1).
+Prompt tokens by source (0.32): a request's prompt tokens, counted at its first token, split into those found
+in the prefix cache when it was first scheduled (``num_cached_tokens``) and those computed; the simulator has
+no KV connector, so none come from an external transfer. A client disconnect is counted in no finished-request
+series (0.32): the simulator keeps its own count for /sim/stats.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from batchscope.vllm_buckets import (
     ITERATION_TOKEN_BUCKETS,
     ITL_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
+    REQUEST_NUM_PREEMPTIONS_BUCKETS,
     TTFT_BUCKETS,
     build_1_2_5_buckets,
 )
-from simulator.finish import ABORT, FINISH_REASONS
+from batchscope.vllm_catalogue import FINISHED_REASONS, PROMPT_TOKEN_SOURCES
 
 
 class EngineStats:
@@ -29,10 +34,12 @@ class EngineStats:
         token_buckets = build_1_2_5_buckets(max_model_len)
         self.num_preemptions = 0
         self.prompt_tokens = 0
+        self.prompt_tokens_cached = 0  # of those, found in the prefix cache at the request's first scheduling
         self.generation_tokens = 0
         self.prefix_cache_queries = 0  # tokens looked up in the prefix cache
         self.prefix_cache_hits = 0  # of those, tokens found cached
-        self.request_success = dict.fromkeys(FINISH_REASONS, 0)
+        self.request_success = dict.fromkeys(FINISHED_REASONS, 0)
+        self.requests_aborted = 0  # not a vLLM metric: 0.32 counts a client disconnect nowhere
         self.iteration_tokens = Histogram(ITERATION_TOKEN_BUCKETS)
         self.time_to_first_token = Histogram(TTFT_BUCKETS)
         self.inter_token_latency = Histogram(ITL_BUCKETS)
@@ -45,13 +52,17 @@ class EngineStats:
         self.request_prompt_tokens = Histogram(token_buckets)
         self.request_generation_tokens = Histogram(token_buckets)
         self.request_params_max_tokens = Histogram(token_buckets)
+        self.request_num_preemptions = Histogram(REQUEST_NUM_PREEMPTIONS_BUCKETS)
+        self.request_prefill_kv_computed_tokens = Histogram(token_buckets)
 
-    def record_tokens(self, ttft: np.ndarray, itl: np.ndarray, prompt_tokens_of_first: int) -> None:
+    def record_tokens(self, ttft: np.ndarray, itl: np.ndarray, prompt_tokens_of_first: int,
+                      cached_tokens_of_first: int) -> None:
         """One step's new tokens: first tokens (with their TTFT) and decode tokens (with their ITL)."""
         new_tokens = ttft.size + itl.size
         self.generation_tokens += new_tokens
         # vLLM counts a request's prompt tokens once, in the step that yields its first token
         self.prompt_tokens += prompt_tokens_of_first
+        self.prompt_tokens_cached += cached_tokens_of_first
         self.iteration_tokens.observe(prompt_tokens_of_first + new_tokens)
         self.time_to_first_token.observe_many(ttft)
         self.inter_token_latency.observe_many(itl)
@@ -67,6 +78,8 @@ class EngineStats:
         prompt_tokens: np.ndarray,
         generation_tokens: np.ndarray,
         max_tokens: np.ndarray,
+        preemptions: np.ndarray,
+        cached_tokens: np.ndarray,
     ) -> None:
         """Requests that finished with ``reason`` at ``now`` (arrays, one entry per request)."""
         self.request_success[reason] += int(arrival.size)
@@ -84,6 +97,13 @@ class EngineStats:
         self.request_prompt_tokens.observe_many(prompt_tokens)
         self.request_generation_tokens.observe_many(generation_tokens)
         self.request_params_max_tokens.observe_many(max_tokens)
+        self.request_num_preemptions.observe_many(preemptions)
+        self.request_prefill_kv_computed_tokens.observe_many(prompt_tokens - cached_tokens)
+
+    def prompt_tokens_by_source(self) -> dict[str, int]:
+        """vllm:prompt_tokens_by_source: the prompt tokens computed, found cached, or transferred (never here)."""
+        counts = (self.prompt_tokens - self.prompt_tokens_cached, self.prompt_tokens_cached, 0)
+        return dict(zip(PROMPT_TOKEN_SOURCES, counts, strict=True))
 
     def record_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
         """One lookup of a request being admitted (vLLM counts every lookup, a re-admission's too)."""
@@ -91,5 +111,5 @@ class EngineStats:
         self.prefix_cache_hits += hit_tokens
 
     def record_aborted(self, count: int) -> None:
-        """Aborted requests are counted by reason only; their partial timings are not observed."""
-        self.request_success[ABORT] += count
+        """Requests aborted (their client gone): in no vLLM series (0.32), their partial timings unobserved."""
+        self.requests_aborted += count

@@ -338,7 +338,8 @@ def check_outcome(engine: EngineCore, reqs: list[RequestSpec], trace: Trace) -> 
     assert stats.num_preemptions == trace.preemption_events == sum(f.preemptions for f in trace.fates)
     assert stats.request_success["length"] == trace.finish_counts[REASON_LENGTH]
     assert stats.request_success["stop"] == trace.finish_counts[REASON_STOP]
-    assert stats.request_success["abort"] == trace.aborts == len(aborted)
+    # vLLM 0.32 counts no client disconnect in request_success_total; the simulator keeps its own count
+    assert stats.request_success["abort"] == 0 and stats.requests_aborted == trace.aborts == len(aborted)
     firsts = [r.prompt_len for r, f in zip(reqs, trace.fates, strict=True) if f.outputs > 0]
     assert stats.prompt_tokens == trace.prompt_of_first == sum(firsts)
     # histograms
@@ -490,7 +491,7 @@ def test_abort_in_flight_frees_blocks_at_once_and_drops_the_step_tokens() -> Non
     out = engine.complete(step, step.end)
     assert out.token_slots.size == 0 and engine.slots.num_computed[a] == 0
     assert engine.slots.state[a] == FREE
-    assert engine.stats.request_success["abort"] == 1
+    assert engine.stats.request_success["abort"] == 0 and engine.stats.requests_aborted == 1
     assert engine.stats.generation_tokens == 0
     step = engine.schedule(step.end)
     assert step.slots.tolist() == [b, c] and step.new_tokens.tolist() == [10, 5]
