@@ -1,7 +1,8 @@
 """Golden tests: real vLLM /metrics of several versions are re-exposed intact, old names mapped to today's.
 
-The fixtures are ../shared/reference/vllm-metrics-sample.txt, copied into tests/fixtures. Run with
-UPDATE_GOLDEN=1 to rewrite tests/fixtures/golden/ after a deliberate change.
+The fixtures are ../shared/reference/vllm-metrics-sample.txt and vllm-0.32-cpu-metrics.txt (a whole real vLLM
+0.32 /metrics under load, `_created` series and all), copied into tests/fixtures. Run with UPDATE_GOLDEN=1 to
+rewrite tests/fixtures/golden/ after a deliberate change.
 """
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ import re
 from pathlib import Path
 
 import pytest
+import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
-from batchscope.vllm_catalogue import CATALOGUE
+from batchscope.vllm_catalogue import CATALOGUE, EXPOSITION_CONTENT_TYPE
 from exporter import families
+from tests.conftest import only, samples
+from tests.stubs import HttpStub, Reply
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
+VLLM_032 = (FIXTURES / "vllm-0.32-cpu-metrics.txt").read_text()
 GOLDEN = FIXTURES / "golden"
 SECTION = re.compile(r"^# \[([A-Z])\]", re.MULTILINE)
 
@@ -139,3 +144,33 @@ def test_incremental_parser_reads_new_values_and_reparses_a_new_shape():
 
 def _values(parsed) -> list[tuple]:
     return [(s.name, tuple(sorted(s.labels.items())), s.value) for f in parsed for s in f.samples]
+
+
+def test_a_whole_vllm_032_exposition_is_reexposed_sample_for_sample():
+    output, applied = reexposed(VLLM_032)
+    assert applied == {}
+    assert only("vllm:", samples(output)) == only("vllm:", samples(VLLM_032))
+    for family in families.parse(VLLM_032):
+        if family.name.startswith("vllm:"):
+            exposed = family.name + ("_total" if family.type == "counter" else "")
+            assert f"# TYPE {exposed} {family.type}\n" in output and f"# HELP {exposed} {family.documentation}\n" \
+                in output, family.name
+
+
+@pytest.mark.e2e
+def test_the_exporter_reexposes_every_family_a_real_vllm_032_serves(exporters):
+    """vLLM 0.32 labels its classic text 'version=1.0.0' whatever the Accept header; the exporter reads it and
+    serves every vllm: family on, in 0.0.4 (the Exporter fixture checks that header) whatever Prometheus asks."""
+    vllm = HttpStub(lambda _method, path: Reply(body=VLLM_032.encode(), content_type=EXPOSITION_CONTENT_TYPE)
+                    if path == "/metrics" else Reply(status=404, body=b'{"detail":"Not Found"}')).start()
+    try:
+        exporter = exporters("--vllm-url", vllm.url)
+        exported = exporter.scrape()  # Prometheus 2.x's OpenMetrics-first Accept header
+        text = requests.get(exporter.url, timeout=10).text
+    finally:
+        vllm.stop()
+    assert exported[("batchscope_up", (("target", "vllm"),))] == 1
+    assert only("vllm:", exported) == only("vllm:", samples(VLLM_032))
+    real = {f.name for f in families.parse(VLLM_032) if f.name.startswith("vllm:")}
+    assert real == {f.name for f in families.parse(text) if f.name.startswith("vllm:")}
+    assert len(real) == 72  # 39 families and the _created twins of its 33 counters and histograms
