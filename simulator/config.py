@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Literal
 
@@ -12,7 +13,7 @@ from simulator.cost import StepCostModel
 from simulator.engine import EngineCore, SchedulerLimits
 from simulator.frontend import FrontEnd
 from simulator.memory import KvCachePlan, plan_kv_cache
-from simulator.profile import Profile, load_profile
+from simulator.profile import CPU_BLOCK_MULTIPLE, DEFAULT_BLOCK_SIZE, Profile, load_profile
 
 BlockSize = Literal[1, 8, 16, 32, 64, 128]
 
@@ -32,7 +33,9 @@ class ServeConfig(BaseModel):
         0.92, description="Fraction of GPU memory for weights, activations and KV cache, in (0, 1]."
     )
     max_model_len: int | None = Field(None, gt=0, description="Prompt + output limit; defaults to the profile's.")
-    block_size: BlockSize = Field(16, description="Tokens per KV cache block.")
+    block_size: BlockSize | None = Field(
+        None, description="Tokens per KV cache block; default: the profile's device's (16 on CUDA, 128 on CPU)."
+    )
     enable_prefix_caching: bool = Field(True, description="Automatic prefix caching, on by default as in vLLM V1.")
     # SecretStr: a repr, a dump or a log line of the config shows the key as stars, never its value
     api_key: SecretStr | None = Field(None, description="If set, /v1 routes require 'Authorization: Bearer <key>'.")
@@ -83,6 +86,7 @@ class Deployment:
         self.config = config
         _check_ground_truth_log(config.ground_truth_log)
         self.profile: Profile = load_profile(config.profile)
+        self.block_size = _block_size(config.block_size, self.profile)
         self.max_model_len = config.max_model_len or self.profile.max_model_len
         if self.max_model_len > self.profile.max_model_len:
             raise ValueError(
@@ -93,7 +97,7 @@ class Deployment:
             self.profile,
             config.gpu_memory_utilization,
             config.max_num_batched_tokens,
-            config.block_size,
+            self.block_size,
             self.max_model_len,
         )
 
@@ -102,7 +106,7 @@ class Deployment:
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
-            block_size=self.config.block_size,
+            block_size=self.block_size,
             num_gpu_blocks=self.kv_plan.num_gpu_blocks,
         )
 
@@ -110,6 +114,16 @@ class Deployment:
         return EngineCore(self.limits(), StepCostModel(self.profile), self.profile.eos_probability,
                           seed=self.config.seed, enable_prefix_caching=self.config.enable_prefix_caching,
                           frontend=FrontEnd.of(self.profile))
+
+
+def _block_size(requested: int | None, profile: Profile) -> int:
+    """The flag's block size, else the device's default, as vLLM picks it; the CPU build's refusal as one line."""
+    size = DEFAULT_BLOCK_SIZE[profile.device] if requested is None else requested
+    if profile.device == "cpu" and size % CPU_BLOCK_MULTIPLE:
+        allowed = ", ".join(str(s) for s in typing.get_args(BlockSize) if s % CPU_BLOCK_MULTIPLE == 0)
+        raise ValueError(f"--block-size: {size} is not allowed on profile {profile.name}'s cpu device: vLLM's CPU "
+                         f"attention takes multiples of {CPU_BLOCK_MULTIPLE} only ({allowed})")
+    return size
 
 
 def _check_ground_truth_log(path: str | None) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.profile import Profile
+from simulator.profile import KV_LOG_NAME, Profile
 
 GIB = 1024**3
 
@@ -26,10 +26,11 @@ class KvCachePlan:
     block_size: int
     num_gpu_blocks: int
     max_model_len: int
+    device_name: str  # as vLLM names the device in its capacity line: GPU, CPU
 
     @property
     def kv_cache_tokens(self) -> int:
-        """Tokens the KV cache holds at once (vLLM's 'GPU KV cache size')."""
+        """Tokens the KV cache holds at once (vLLM's 'GPU KV cache size', 'CPU KV cache size' on the CPU)."""
         return self.num_gpu_blocks * self.block_size
 
     @property
@@ -42,8 +43,8 @@ class KvCachePlan:
         return [
             f"Model loading took {self.weight_bytes / GIB:.2f} GiB",
             f"Available KV cache memory: {self.available_kv_bytes / GIB:.2f} GiB",
-            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens, Maximum concurrency for {self.max_model_len:,} "
-            f"tokens per request: {self.max_concurrency:.2f}x",
+            f"{self.device_name} KV cache size: {self.kv_cache_tokens:,} tokens, Maximum concurrency for "
+            f"{self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x",
         ]
 
 
@@ -80,4 +81,5 @@ def plan_kv_cache(
         block_size=block_size,
         num_gpu_blocks=int(num_blocks),
         max_model_len=max_model_len,
+        device_name=KV_LOG_NAME[profile.device],
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -32,6 +32,15 @@ def parse_bytes(value: object) -> object:
 
 Bytes = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
 
+Device = Literal["cuda", "cpu"]
+# vLLM's block size by device: CacheConfig's default of 16 on CUDA; on the CPU build its attention backend picks
+# 128 and takes multiples of 32 only (real-parts.md §1: `--block-size 16` -> "No common block size for 16
+# (CPU_ATTN: [MultipleOf(32)])")
+DEFAULT_BLOCK_SIZE: dict[str, int] = {"cuda": 16, "cpu": 128}
+CPU_BLOCK_MULTIPLE = 32
+# the device name vLLM writes in its KV capacity line ("GPU KV cache size: ...", "CPU KV cache size: ...")
+KV_LOG_NAME: dict[str, str] = {"cuda": "GPU", "cpu": "CPU"}
+
 
 class Profile(BaseModel):
     """One model on one GPU: memory at start-up and the cost of an engine step."""
@@ -40,6 +49,8 @@ class Profile(BaseModel):
 
     name: str = Field(description="Profile name, as given to --profile.")
     description: str = Field("", description="What the profile models and where its numbers come from.")
+    device: Device = Field(description="What vLLM runs on: cuda (block size 16 by default) or cpu (128, multiples "
+                           "of 32 only); also the KV capacity line's name, GPU or CPU.")
     max_model_len: int = Field(gt=0, description="Context length of the model (prompt + output), tokens.")
 
     gpu_memory_bytes: Bytes = Field(description="Total device memory as vLLM reports it (total_memory).")

@@ -61,7 +61,7 @@ class SimulatorServer:
     def _cache_config(self) -> dict[str, str]:
         plan = self.deployment.kv_plan
         return {
-            "block_size": str(self.config.block_size),
+            "block_size": str(self.deployment.block_size),
             "cache_dtype": "auto",
             "enable_prefix_caching": str(self.config.enable_prefix_caching),
             "gpu_memory_utilization": str(self.config.gpu_memory_utilization),
@@ -175,7 +175,8 @@ class SimulatorServer:
             raise ApiError(500, "Injected fault: internal server error.", "InternalServerError")
         if faults.stall:
             await self._hold(gen, timing, self._faults.stall())
-        hashes = block_hashes(gen.prompt_ids, self.config.block_size) if self.engine.prefix_cache is not None else None
+        caching = self.engine.prefix_cache is not None
+        hashes = block_hashes(gen.prompt_ids, self.deployment.block_size) if caching else None
         # the profile's input path (parsing, tokenization, the hop to the engine core), counted from arrival
         await self._hold(gen, timing, _until(arrival + self.engine.frontend.input_s(len(gen.prompt_ids))))
         request_id = responses.request_id(gen.chat)
