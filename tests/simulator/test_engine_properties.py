@@ -342,8 +342,13 @@ def check_outcome(engine: EngineCore, reqs: list[RequestSpec], trace: Trace) -> 
     assert stats.request_success["abort"] == 0 and stats.requests_aborted == trace.aborts == len(aborted)
     firsts = [r.prompt_len for r, f in zip(reqs, trace.fates, strict=True) if f.outputs > 0]
     assert stats.prompt_tokens == trace.prompt_of_first == sum(firsts)
+    assert sum(stats.prompt_tokens_by_source().values()) == stats.prompt_tokens
+    assert 0 <= stats.prompt_tokens_cached <= stats.prefix_cache_hits
     # histograms
     assert stats.time_to_first_token.count == trace.first_tokens == len(firsts)
+    # one observation per finished request (an aborted one is in none, as in vLLM 0.32)
+    assert stats.request_num_preemptions.count == stats.request_prefill_kv_computed_tokens.count == len(finished)
+    assert stats.request_num_preemptions.sum == sum(f.preemptions for _, f in finished)
     assert stats.inter_token_latency.count == stats.generation_tokens - trace.first_tokens
     assert stats.e2e_request_latency.count == len(finished)
     assert stats.request_queue_time.count == len(finished)
