@@ -15,11 +15,11 @@ import shlex
 
 from pydantic import BaseModel, Field, field_validator
 
+from batchscope import vllm_knobs
 from batchscope.secrets import mask_mapping
 
 # the knobs this project is about, plus what identifies the deployment; every other flag goes to other_flags
-KNOWN_FLAGS = ("model", "served_model_name", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-               "max_model_len", "block_size")
+KNOWN_FLAGS = ("model", "served_model_name", *vllm_knobs.KNOB_NAMES)
 # vLLM flags that take no value
 BOOLEAN_FLAGS = {"enable_prefix_caching", "no_enable_prefix_caching", "enable_chunked_prefill",
                  "no_enable_chunked_prefill", "enforce_eager", "trust_remote_code", "disable_log_requests",

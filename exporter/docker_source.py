@@ -1,4 +1,5 @@
-"""The vLLM container, read through the docker SDK (read-only): its command line, start time and KV log line.
+"""The vLLM container, read through the docker SDK (read-only): its command line, start time and KV log line
+(any device's, batchscope.vllm_log).
 
 The container is found by name, or by the compose service label (``com.docker.compose.service=vllm``). Logs are
 read once per container start (the KV capacity line is printed at start-up), not on every scrape.
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from batchscope.vllm_log import parse_capacity
 from exporter.config import ServingConfig, parse_command
 
 if TYPE_CHECKING:  # the SDK is imported by the client factory, only when a container is asked for
@@ -20,8 +22,6 @@ if TYPE_CHECKING:  # the SDK is imported by the client factory, only when a cont
     from docker.models.containers import Container
 
 log = logging.getLogger("batchscope.exporter")
-KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-CONCURRENCY_LINE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 LOG_TAIL_LINES = 5000
 
 
@@ -78,14 +78,6 @@ class DockerSource:
             text = container.logs(stdout=True, stderr=True, tail=LOG_TAIL_LINES).decode("utf-8", "replace")
             self._log_cache = {key: parse_capacity(text)}
         return self._log_cache[key]
-
-
-def parse_capacity(log_text: str) -> tuple[int | None, float | None]:
-    """The last 'GPU KV cache size' and 'Maximum concurrency' figures in a vLLM log."""
-    tokens = KV_LINE.findall(log_text)
-    concurrency = CONCURRENCY_LINE.findall(log_text)
-    return (int(tokens[-1].replace(",", "")) if tokens else None,
-            float(concurrency[-1][1]) if concurrency else None)
 
 
 def _timestamp(started_at: str) -> float | None:

@@ -1,11 +1,11 @@
 """Applying a setting by restarting the server: the simulator, a command line, or a docker container.
 
 Every backend has the same small interface (`Server`): ``start(params, log_path)`` returns a `Started` (base
-URL, the command line in effect with secrets masked, the KV capacity) once /health answers, or raises
-`StartFailed` with one line and the log's tail; ``alive()``, ``stop()`` and ``log_tail()``. Building argv and
-re-creating a container's spec are pure functions; the classes only drive processes and the docker SDK. Each
-start writes the command line to ``command_file`` (the exporter's ``--vllm-command-file``), so the live
-dashboards and the change annotation name the setting being measured.
+URL, the command line in effect with secrets masked, what the server reported choosing: block size, KV blocks
+and capacity, vLLM's version) once /health answers, or raises `StartFailed` with the cause in one line, the log's
+tail and the command line that was run; ``alive()``, ``stop()`` and ``log_tail()``. Building argv and
+re-creating a container's spec are pure functions; the classes only drive processes and the docker SDK. Only
+the knobs a setting sets are passed (batchscope.vllm_knobs): vLLM picks the others.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import requests
 
+from batchscope import vllm_knobs
 from batchscope.listen import free_port
 from batchscope.secrets import mask_argv
-from exporter.docker_source import parse_capacity
+from batchscope.vllm_log import failure_cause
 from tuner.plan import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
-from tuner.results import write_atomically
-from tuner.signals import kv_capacity_from_metrics
+from tuner.results import ServerReport
+from tuner.signals import server_report
 
 if TYPE_CHECKING:  # the SDK is imported when a docker backend starts, not by every tuner command
     from docker import APIClient, DockerClient
@@ -36,10 +37,8 @@ if TYPE_CHECKING:  # the SDK is imported when a docker backend starts, not by ev
 SIMULATOR_STARTUP_S = 60.0
 STOP_GRACE_S = 15.0
 TAIL_LINES = 20
+CAUSE_LINES = 400  # a failed start's cause is looked for this far back: a traceback, then the shutdown's noise
 PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal a child gets when its parent dies
-# The flags a setting owns: their values in a container's command are replaced, everything else is kept.
-KNOB_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",
-              "--block-size")
 
 
 @dataclass(frozen=True)
@@ -48,15 +47,17 @@ class Started:
 
     url: str
     command_line: list[str]
-    kv_capacity_tokens: int | None
+    reported: ServerReport
 
 
 class StartFailed(Exception):  # noqa: N818 - a run outcome, not a programming error
-    """The server did not come up; ``str()`` is one line, ``log_tail`` the log's last lines."""
+    """The server did not come up; ``str()`` is one line (the cause), ``log_tail`` the log's last lines,
+    ``command_line`` what was run (secrets masked; empty when nothing was)."""
 
-    def __init__(self, message: str, log_tail: list[str]) -> None:
+    def __init__(self, message: str, log_tail: list[str], command_line: list[str] | None = None) -> None:
         super().__init__(message)
         self.log_tail = log_tail
+        self.command_line = command_line or []
 
 
 class Server(Protocol):
@@ -68,12 +69,8 @@ class Server(Protocol):
 
 # --- pure parts ---------------------------------------------------------------------------------------------
 
-def knob_flags(params: ServingParams) -> list[str]:
-    """The setting's own flags (no extra_flags), in ServingParams.flags() order."""
-    return params.flags()[:2 * len(KNOB_FLAGS)]
-
-
 def simulator_argv(backend: SimulatorBackend, params: ServingParams, port: int) -> list[str]:
+    """`batchscope sim serve` with the setting's flags: only the set knobs (the simulator's defaults are vLLM's)."""
     return [sys.executable, "-m", "batchscope.cli", "sim", "serve", params.model, "--host", "127.0.0.1",
             "--port", str(port), *params.flags(), "--profile", backend.profile, "--seed", str(backend.seed)]
 
@@ -93,20 +90,11 @@ def command_argv(backend: CommandBackend, params: ServingParams) -> list[str]:
 
 
 def replace_knobs(command: Sequence[str], params: ServingParams) -> list[str]:
-    """A container's command with the knob flags (either spelling, `--x v` or `--x=v`) replaced by the setting's."""
-    spellings = {flag: flag for flag in KNOB_FLAGS} | {"--" + flag[2:].replace("-", "_"): flag for flag in KNOB_FLAGS}
-    kept: list[str] = []
-    skip_value = False
-    for word in command:
-        if skip_value:
-            skip_value = False
-            continue
-        name, has_value, _ = word.partition("=")
-        if name in spellings:
-            skip_value = not has_value
-            continue
-        kept.append(word)
-    return [*kept, *knob_flags(params), *(flag for flag in params.extra_flags if flag not in kept)]
+    """A container's command with its knob flags (any spelling) dropped and the setting's set knobs and extra
+    flags added. A knob the setting leaves unset is not passed, whatever the container had: it may be the
+    previous run's re-created container, holding another setting's value."""
+    kept = vllm_knobs.without_knobs(command)
+    return [*kept, *vllm_knobs.knob_flags(params.knobs()), *(flag for flag in params.extra_flags if flag not in kept)]
 
 
 def recreate_spec(attrs: dict, params: ServingParams) -> dict:
@@ -145,34 +133,42 @@ def healthy(url: str) -> bool:
 
 
 def wait_healthy(url: str, deadline_s: float, still_starting: Callable[[], str | None],
-                 log_tail: Callable[[], list[str]]) -> None:
-    """Poll /health until it answers 200; ``still_starting`` returns a reason when the server is gone."""
+                 log_tail: Callable[[int], list[str]], command_line: list[str]) -> None:
+    """Poll /health until it answers 200; ``still_starting`` returns a reason when the server is gone, and the
+    failure names the cause the log gives (batchscope.vllm_log.failure_cause)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         gone = still_starting()
         if gone:
-            lines = log_tail()
-            raise StartFailed(f"{gone}: {lines[-1] if lines else 'no output'}", lines)
+            lines = log_tail(CAUSE_LINES)
+            raise StartFailed(f"{gone}: {failure_cause(lines) or 'no output'}", lines[-TAIL_LINES:], command_line)
         if healthy(url):
             return
         time.sleep(0.1)  # polling interval of a bounded wait
-    raise StartFailed(f"no answer from {url}/health within {deadline_s:g} s", log_tail())
+    raise StartFailed(f"no answer from {url}/health within {deadline_s:g} s", log_tail(TAIL_LINES), command_line)
 
 
-def kv_capacity(log_text: str, url: str) -> int | None:
-    """vLLM's 'GPU KV cache size: N tokens' line, else cache_config_info's blocks x block size."""
-    tokens, _ = parse_capacity(log_text)
-    if tokens is not None:
-        return tokens
-    try:
-        return kv_capacity_from_metrics(requests.get(url + "/metrics", timeout=5).text)
-    except requests.RequestException:
-        return None
+def read_report(url: str, log_text: str) -> ServerReport:
+    """What the server chose, asked once it answers /health: /metrics (cache_config_info), /version, /v1/models
+    (unauthenticated: None when it asks for a key) and the start-up log's KV capacity line."""
+    def get(path: str) -> requests.Response | None:
+        try:
+            reply = requests.get(url + path, timeout=5)
+            return reply if reply.status_code == 200 else None
+        except requests.RequestException:
+            return None
 
+    def answer(path: str) -> dict | None:
+        reply = get(path)
+        try:
+            data = reply.json() if reply is not None else None
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
 
-def write_command_file(path: Path | None, command_line: list[str]) -> None:
-    if path is not None:
-        write_atomically(path, shlex.join(command_line) + "\n")
+    metrics = get("/metrics")
+    return server_report(metrics.text if metrics is not None else "", answer("/version"), answer("/v1/models"),
+                         log_text)
 
 
 def die_with_parent() -> None:
@@ -195,28 +191,26 @@ def stop_process(process: subprocess.Popen, grace_s: float, kill_wait_s: float) 
 class ProcessServer:
     """A server run as a child process that dies with the tuner, output to a file."""
 
-    def __init__(self, command_file: Path | None, startup_timeout_s: float) -> None:
-        self.command_file = command_file
+    def __init__(self, startup_timeout_s: float) -> None:
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen | None = None
         self.log_path: Path | None = None
 
     def launch(self, argv: list[str], url: str, log_path: Path) -> Started:
+        command_line = mask_argv(argv)
         if healthy(url):
-            raise StartFailed(f"a server already answers at {url}; stop it first", [])
+            raise StartFailed(f"a server already answers at {url}; stop it first", [], command_line)
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             preexec_fn=die_with_parent)
-        command_line = mask_argv(argv)
         try:
-            wait_healthy(url, self.startup_timeout_s, self._exit_reason, self.log_tail)
+            wait_healthy(url, self.startup_timeout_s, self._exit_reason, self.log_tail, command_line)
         except BaseException:  # a failed start, or Ctrl-C while waiting: no server is left behind either way
             self.stop()
             raise
-        write_command_file(self.command_file, command_line)
-        return Started(url, command_line, kv_capacity(log_path.read_text(errors="replace"), url))
+        return Started(url, command_line, read_report(url, log_path.read_text(errors="replace")))
 
     def _exit_reason(self) -> str | None:
         code = self.process.poll() if self.process else None
@@ -239,8 +233,8 @@ class ProcessServer:
 class SimulatorServer(ProcessServer):
     """`batchscope sim serve` on a free loopback port per start."""
 
-    def __init__(self, backend: SimulatorBackend, command_file: Path | None = None) -> None:
-        super().__init__(command_file, SIMULATOR_STARTUP_S)
+    def __init__(self, backend: SimulatorBackend) -> None:
+        super().__init__(SIMULATOR_STARTUP_S)
         self.backend = backend
 
     def start(self, params: ServingParams, log_path: Path) -> Started:
@@ -251,8 +245,8 @@ class SimulatorServer(ProcessServer):
 class CommandServer(ProcessServer):
     """The plan's command template (e.g. `vllm serve ...`) run without a shell."""
 
-    def __init__(self, backend: CommandBackend, command_file: Path | None = None) -> None:
-        super().__init__(command_file, backend.startup_timeout_s)
+    def __init__(self, backend: CommandBackend) -> None:
+        super().__init__(backend.startup_timeout_s)
         self.backend = backend
 
     def start(self, params: ServingParams, log_path: Path) -> Started:
@@ -263,10 +257,8 @@ class CommandServer(ProcessServer):
 class DockerServer:
     """Stop and remove the named container, create it again with the setting's flags, start it."""
 
-    def __init__(self, backend: DockerBackend, command_file: Path | None = None,
-                 client_factory: Callable[[], DockerClient] | None = None) -> None:
+    def __init__(self, backend: DockerBackend, client_factory: Callable[[], DockerClient] | None = None) -> None:
         self.backend = backend
-        self.command_file = command_file
         self.client_factory = client_factory or _docker_from_env
         self.container_id: str | None = None
         self.log_path: Path | None = None
@@ -289,13 +281,12 @@ class DockerServer:
         command_line = mask_argv([*(spec["entrypoint"] or []), *spec["command"]])
         url = self.backend.url.rstrip("/")
         try:
-            wait_healthy(url, self.backend.startup_timeout_s, self._exit_reason, self.log_tail)
+            wait_healthy(url, self.backend.startup_timeout_s, self._exit_reason, self.log_tail, command_line)
         except BaseException:  # a failed start, or Ctrl-C while waiting: no container is left running
             self.stop()
             raise
         self._save_log()
-        write_command_file(self.command_file, command_line)
-        return Started(url, command_line, kv_capacity(self._logs(), url))
+        return Started(url, command_line, read_report(url, self._logs()))
 
     def _exit_reason(self) -> str | None:
         if self._api is None or self.container_id is None:
@@ -334,10 +325,10 @@ def _docker_from_env() -> DockerClient:
     return docker.from_env()
 
 
-def make_server(backend: SimulatorBackend | CommandBackend | DockerBackend, command_file: Path | None) -> Server:
+def make_server(backend: SimulatorBackend | CommandBackend | DockerBackend) -> Server:
     """The driver for a plan's backend."""
     if isinstance(backend, SimulatorBackend):
-        return SimulatorServer(backend, command_file)
+        return SimulatorServer(backend)
     if isinstance(backend, CommandBackend):
-        return CommandServer(backend, command_file)
-    return DockerServer(backend, command_file)
+        return CommandServer(backend)
+    return DockerServer(backend)

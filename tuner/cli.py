@@ -31,8 +31,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     tune.add_argument("--results", default="results", metavar="DIR", help="results folder (default: results)")
     tune.add_argument("--resume", action="store_true", help="skip finished runs, redo unfinished ones")
     tune.add_argument("--what-if", action="store_true", help="run every setting on the simulator's virtual clock")
-    tune.add_argument("--exporter-command-file", metavar="FILE",
-                      help="write each server's command line here (the exporter's --vllm-command-file)")
+    tune.add_argument("--live-file", metavar="FILE",
+                      help="at each run's start, write where its server and client metrics answer and its command "
+                           "line here (JSON, replaced atomically): `batchscope exporter --follow FILE` shows the run")
     tune.add_argument("--scenario", choices=SCENARIOS,
                       help="MLPerf scenario per setting instead of the plan's load: server (highest Poisson rate "
                            "meeting the plan's p99 TTFT/TPOT bounds) or offline (all requests at once)")
@@ -50,16 +51,18 @@ def run_tune(args: argparse.Namespace) -> int:
         results = Path(args.results)
         if results.exists() and not results.is_dir():
             raise PlanError(f"--results: {results} is a file, not a folder")
+        if args.live_file and Path(args.live_file).is_dir():
+            raise PlanError(f"--live-file: {args.live_file} is a folder, not a file")
         runs = plan_runs(plan)
     except PlanError as exc:
         return _error(str(exc))
     plan_dir = results / (plan.name + (WHAT_IF_SUFFIX if args.what_if else ""))
-    command_file = Path(args.exporter_command_file) if args.exporter_command_file else None
+    live_file = Path(args.live_file) if args.live_file else None
     if args.scenario:
-        return run_mlperf(args, plan, plan_dir, command_file)
+        return run_mlperf(args, plan, plan_dir, live_file)
     try:
         with StopOnSignal(), Progress(total=len(runs)) as progress:
-            done = run_plan(plan, plan_dir, resume=args.resume, what_if=args.what_if, command_file=command_file,
+            done = run_plan(plan, plan_dir, resume=args.resume, what_if=args.what_if, live_file=live_file,
                             progress=progress)
     except PlanError as exc:
         return _error(str(exc))
@@ -77,14 +80,14 @@ def run_tune(args: argparse.Namespace) -> int:
     return exits.OK
 
 
-def run_mlperf(args: argparse.Namespace, plan: Plan, plan_dir: Path, command_file: Path | None) -> int:
+def run_mlperf(args: argparse.Namespace, plan: Plan, plan_dir: Path, live_file: Path | None) -> int:
     if not 0 < args.start_rps <= 1e6:
         return _error("--start-rps: must be in (0, 1e6] req/s")
     if not 0 < args.requests <= 1_000_000:
         return _error("--requests: must be in 1..1000000")
     try:
         with StopOnSignal(), Progress(total=len(plan.settings())) as progress:
-            results = run_scenario(plan, plan_dir, args.scenario, what_if=args.what_if, command_file=command_file,
+            results = run_scenario(plan, plan_dir, args.scenario, what_if=args.what_if, live_file=live_file,
                                    progress=progress, start_rps=args.start_rps, offline_requests=args.requests)
     except Interrupted as exc:
         print(f"batchscope tune: interrupted ({exc})", file=sys.stderr)

@@ -123,8 +123,9 @@ def _summarise(name: str, params: ServingParams, runs: list[RunResult], ok: list
                     "tokens_per_step_mean", "max_waiting", "max_running", "kv_usage_peak", "kv_usage_mean")
     signals = {field: mean_present([getattr(r.server, field) for r in ok]) for field in signal_names}
     capacity = next((r.server.kv_capacity_tokens for r in ok if r.server.kv_capacity_tokens is not None), None)
+    reported = next((r.reported for r in runs if r.status == "ok" and r.reported is not None), None)
     return SettingSummary(setting=name, params=params, runs_ok=len(ok), runs_failed=len(runs) - len(ok),
-                          kv_capacity_tokens=capacity, values=values, signals=signals,
+                          kv_capacity_tokens=capacity, reported=reported, values=values, signals=signals,
                           meets_slos=meets_slos(values, slos) if ok else None)
 
 

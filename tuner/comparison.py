@@ -10,11 +10,15 @@ from typing import Final, Literal
 from pydantic import BaseModel, Field
 
 import batchscope
+from batchscope import vllm_knobs
 from loadgen.spec import WorkloadSpec
 from tuner.bootstrap import CONFIDENCE, RESAMPLES, SEED, Method
 from tuner.plan import ServingParams, Slos
+from tuner.results import ServerReport
 
-SCHEMA_VERSION: Final = 1
+# 2: a knob in a setting's params or a ParamChange may be None (not passed, vLLM's default); settings say what
+# the server reported choosing (SettingSummary.reported)
+SCHEMA_VERSION: Final = 2
 
 
 class MetricDelta(BaseModel):
@@ -45,8 +49,12 @@ class ParamChange(BaseModel):
     """A serving parameter that differs from the baseline."""
 
     name: str = Field(description="Parameter (one of tuner.plan.TUNABLE, or 'extra_flags').")
-    baseline: int | float | str | None = Field(description="Its baseline value.")
-    value: int | float | str | None = Field(description="Its value in this setting.")
+    baseline: int | float | str | None = Field(description="Its baseline value (None: not passed, vLLM's default).")
+    value: int | float | str | None = Field(description="Its value in this setting (None as above).")
+
+    def arrow(self) -> str:
+        """'2048 → 8192', or 'vLLM default → 32' for a knob the baseline leaves unset."""
+        return f"{vllm_knobs.shown(self.baseline)} → {vllm_knobs.shown(self.value)}"
 
 
 class SettingSummary(BaseModel):
@@ -57,6 +65,8 @@ class SettingSummary(BaseModel):
     runs_ok: int = Field(description="Repeats that finished.")
     runs_failed: int = Field(description="Repeats that failed (listed in Comparison.failed).")
     kv_capacity_tokens: int | None = Field(description="KV cache capacity reported by the server, tokens.")
+    reported: ServerReport | None = Field(None, description="What the server reported choosing (its first ok run "
+                                          "that read it back): the values of the knobs left to vLLM.")
     values: dict[str, float | None] = Field(description="Metric key -> mean over ok repeats, in the metric's unit.")
     signals: dict[str, float | None] = Field(description="Server signals (ServerSignals fields), mean over ok "
                                              "repeats: the evidence the explanations cite.")
@@ -106,7 +116,7 @@ class FailedRun(BaseModel):
 class Comparison(BaseModel):
     """Every variation of a plan against its baseline, with the conditions and SLOs that framed it."""
 
-    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Bumped on any breaking change.")
+    schema_version: Literal[2] = Field(SCHEMA_VERSION, description="Bumped when a field changes meaning.")
     tool_version: str = Field(batchscope.__version__, description="batchscope version that compared.")
     plan: str = Field(description="Plan name.")
     mode: Literal["real-time", "what-if"] = Field(description="How every compared run was measured.")

@@ -195,7 +195,9 @@ class _Facts:
             text = f"{num(b)} preemptions (baseline {num(a)}), KV peak {num(kv, 'ratio')}"
             if kv >= KV_FULL:
                 self.cited.add("kv")
-                text += f" — the KV cache{self._capacity()} is too small for {self.params.max_num_seqs} sequences"
+                seqs = self.params.max_num_seqs
+                text += f" — the KV cache{self._capacity()} is too small for " + \
+                    (f"{seqs} sequences" if seqs is not None else "the running sequences")
             return text
         if not appeared and a > 0 and b == 0:
             self.cited.add("preempt")

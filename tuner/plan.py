@@ -1,7 +1,8 @@
 """The tuning plan: locked conditions, a baseline, and variations that each change ONE serving parameter.
 
 The seed article's method as a file (YAML, validated by pydantic): lock the workload (the load generator's spec,
-inline or by path), take a baseline at the defaults, then change one parameter at a time. A variation that
+inline or by path), take a baseline (a knob it leaves unset is not passed: vLLM's default), then change one
+parameter at a time; a variation may set a knob the baseline leaves unset. A variation that
 changes two parameters is refused unless it says `combination: true`. Every problem is one line naming the
 field (PlanError).
 """
@@ -9,12 +10,12 @@ field (PlanError).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
-from batchscope import run_ids
+from batchscope import run_ids, vllm_knobs
 from batchscope.secrets import mask_argv
 from batchscope.validation import TAGGED_UNION_ERRORS, first_error
 from loadgen.spec import WorkloadSpec
@@ -26,32 +27,39 @@ BASELINE = "baseline"  # the reference setting's name; a variation may not take 
 BACKEND_KINDS = ("simulator", "command", "docker")
 LOAD_MODES = ("concurrency", "poisson", "offline")
 # The serving parameters a variation may change: the seed's three knobs and the two lengths they depend on.
-TUNABLE = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "max_model_len", "block_size")
+TUNABLE = vllm_knobs.KNOB_NAMES
 
 
 class PlanError(ValueError):
     """A plan problem, already phrased as one line naming the field."""
 
 
+def _knob(name: str) -> Any:
+    """A knob's field: unset (None) by default, vLLM's bounds and description (batchscope.vllm_knobs)."""
+    knob = vllm_knobs.BY_NAME[name]
+    return Field(None, gt=knob.above, le=knob.at_most, description=knob.description)
+
+
 class ServingParams(BaseModel):
-    """What `vllm serve` is started with for one run (flag names as vLLM's, underscores)."""
+    """What `vllm serve` is started with for one run (flag names as vLLM's, underscores). A knob left unset is
+    not passed: vLLM's own default applies, and the run reads back what the server chose."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1, description="Model name or path given to `vllm serve`.")
-    max_model_len: int = Field(gt=0, le=10_000_000, description="--max-model-len: prompt + output limit, tokens.")
-    max_num_seqs: int = Field(128, gt=0, le=100_000, description="--max-num-seqs: sequences per scheduler step.")
-    max_num_batched_tokens: int = Field(2048, gt=0, le=10_000_000,
-                                        description="--max-num-batched-tokens: tokens per scheduler step.")
-    gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="--gpu-memory-utilization, in (0, 1].")
-    block_size: int = Field(16, gt=0, le=1024, description="--block-size: tokens per KV block.")
+    max_model_len: int | None = _knob("max_model_len")
+    max_num_seqs: int | None = _knob("max_num_seqs")
+    max_num_batched_tokens: int | None = _knob("max_num_batched_tokens")
+    gpu_memory_utilization: float | None = _knob("gpu_memory_utilization")
+    block_size: int | None = _knob("block_size")
     extra_flags: list[str] = Field(default_factory=list,
                                    description="Other `vllm serve` flags, kept identical across runs.")
 
     @model_validator(mode="after")
     def _vllm_rules(self) -> ServingParams:
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError("max_num_batched_tokens must be >= max_num_seqs (vLLM's rule)")
+        problem = vllm_knobs.cross_knob_problem(self.knobs())
+        if problem:
+            raise ValueError(problem)
         return self
 
     @field_serializer("extra_flags")
@@ -59,12 +67,14 @@ class ServingParams(BaseModel):
         # every dump is written somewhere (plan.json, run.json, the report): `--api-key K` shows as `--api-key ***`
         return mask_argv(flags)
 
+    def knobs(self) -> dict[str, int | float | None]:
+        """Every knob's value, None where unset."""
+        return {name: getattr(self, name) for name in TUNABLE}
+
     def flags(self) -> list[str]:
-        """The `vllm serve` arguments after the model, in a fixed order."""
-        args = ["--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
-                "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-                "--gpu-memory-utilization", str(self.gpu_memory_utilization), "--block-size", str(self.block_size)]
-        return [*args, *self.extra_flags]
+        """The `vllm serve` arguments after the model: the set knobs (in vllm_knobs.KNOBS order), then
+        extra_flags."""
+        return [*vllm_knobs.knob_flags(self.knobs()), *self.extra_flags]
 
 
 class SimulatorBackend(BaseModel):
@@ -146,7 +156,8 @@ class Plan(BaseModel):
     workload: WorkloadSpec = Field(description="The locked conditions: a load generator spec (inline, or a "
                                                "path to one relative to the plan file).")
     backend: Backend = Field(default_factory=SimulatorBackend, description="How a setting is applied.")
-    baseline: ServingParams = Field(description="The reference configuration (defaults: the seed's baseline).")
+    baseline: ServingParams = Field(description="The reference configuration; a knob it leaves unset is vLLM's "
+                                                "default (not passed).")
     variations: list[Variation] = Field(default_factory=list, description="Settings compared with the baseline.")
     repeats: int = Field(1, ge=1, le=100, description="Runs per setting (confidence intervals across repeats).")
     warmup_s: float = Field(10.0, ge=0, le=86_400, description="Load before the window, seconds (not measured).")
@@ -176,7 +187,8 @@ class Plan(BaseModel):
         out = [(BASELINE, self.baseline)]
         for variation in self.variations:
             try:
-                params = ServingParams.model_validate({**self.baseline.model_dump(), **variation.set})
+                # the fields as they are (dict()), not a dump: a dump masks secret extra flags
+                params = ServingParams.model_validate({**dict(self.baseline), **variation.set})
             except ValidationError as exc:
                 raise PlanError(one_line(exc, f"variations.{variation.name}")) from None
             out.append((variation.name, params))

@@ -6,9 +6,9 @@ in %; the CSV and comparison.json keep base units (s, ratio).
 
 from __future__ import annotations
 
-from tuner.comparison import Comparison, MetricDelta
+from tuner.comparison import Comparison, MetricDelta, SettingSummary
 from tuner.metric_defs import METRIC_BY_KEY
-from tuner.plan import BASELINE, Slos
+from tuner.plan import BASELINE, TUNABLE, Slos
 
 
 def display_unit(unit: str) -> str:
@@ -80,23 +80,34 @@ def changed_text(c: Comparison, setting: str) -> str:
     if setting == BASELINE:
         return "—"
     variation = c.variation(setting)
-    return ", ".join(f"{p.name} {p.baseline} → {p.value}" for p in variation.changed) or "nothing"
+    return ", ".join(f"{p.name} {p.arrow()}" for p in variation.changed) or "nothing"
 
 
 def settings_rows(c: Comparison) -> list[list[str]]:
     rows = []
     for s in c.settings:
-        p = s.params
         slo = {True: "✓", False: "✗", None: "n/a"}[s.meets_slos]
         capacity = f"{s.kv_capacity_tokens:,}" if s.kv_capacity_tokens is not None else "n/a"
-        rows.append([s.setting, changed_text(c, s.setting), str(p.max_num_seqs), f"{p.max_num_batched_tokens:,}",
-                     f"{p.gpu_memory_utilization:g}", f"{p.max_model_len:,}", str(p.block_size), capacity,
-                     str(s.runs_ok), str(s.runs_failed), slo])
+        knobs = [knob_cell(s, name) for name in TUNABLE]
+        rows.append([s.setting, changed_text(c, s.setting), *knobs, capacity, str(s.runs_ok), str(s.runs_failed),
+                     slo])
     return rows
 
 
-SETTINGS_HEAD = ["setting", "changed", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-                 "max_model_len", "block_size", "KV capacity (tokens)", "runs ok", "runs failed", "meets SLOs"]
+def knob_cell(s: SettingSummary, name: str) -> str:
+    """A knob's value as set, or 'default' with what the server reported choosing when it told ('default (128)')."""
+    value = getattr(s.params, name)
+    if value is None:
+        value = getattr(s.reported, name, None)  # not every knob is reported (vLLM exposes no max_num_seqs)
+        return "default" if value is None else f"default ({number(value)})"
+    return number(value)
+
+
+def number(value: int | float) -> str:
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+
+SETTINGS_HEAD = ["setting", "changed", *TUNABLE, "KV capacity (tokens)", "runs ok", "runs failed", "meets SLOs"]
 METRIC_HEAD = ["metric", "unit", "baseline", "value", "delta", "delta %", "95% CI of delta", "significant"]
 
 

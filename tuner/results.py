@@ -21,7 +21,9 @@ from loadgen.spec import WorkloadSpec
 from loadgen.summary import Distribution
 from tuner.plan import ServingParams, run_name
 
-SCHEMA_VERSION: Final = 1
+# 2: a knob in params may be None (not passed, vLLM's default applied) and `reported` holds what the server chose;
+# a failed start records its command line. Version 1 files (every knob passed) load as they are.
+SCHEMA_VERSION: Final = 2
 RUN_FILE = "run.json"
 PLAN_FILE = "plan.json"  # the plan, beside its runs: the report reads it
 
@@ -64,7 +66,8 @@ class ServerSignals(BaseModel):
     max_running: float = Field(description="Largest vllm:num_requests_running sampled in the window.")
     kv_usage_peak: float = Field(description="Largest vllm:kv_cache_usage_perc sampled in the window (0-1).")
     kv_usage_mean: float = Field(description="Mean vllm:kv_cache_usage_perc over the window's samples (0-1).")
-    kv_capacity_tokens: int | None = Field(description="Tokens the KV cache holds ('GPU KV cache size').")
+    kv_capacity_tokens: int | None = Field(description="Tokens the KV cache holds (vLLM's '<device> KV cache "
+                                           "size' line, e.g. 'GPU KV cache size', 'CPU KV cache size').")
     prefix_cache_queries: float | None = Field(None, description="Increase of vllm:prefix_cache_queries_total over "
                                                "the window: prompt tokens looked up in the prefix cache (None: "
                                                "not exposed, or a run recorded before it was).")
@@ -72,6 +75,23 @@ class ServerSignals(BaseModel):
                                             "window: of those, tokens found cached (None as above).")
     prefix_cache_hit_rate: float | None = Field(None, description="prefix_cache_hits / prefix_cache_queries (0-1, "
                                                 "vLLM's definition); None when nothing was queried.")
+
+
+class ServerReport(BaseModel):
+    """What the server said about itself once it answered /health: the values vLLM chose, knobs left unset
+    included (None: the server did not tell)."""
+
+    vllm_version: str | None = Field(None, description="GET /version's version, e.g. '0.32.0'.")
+    block_size: int | None = Field(None, description="vllm:cache_config_info's block_size: tokens per KV block.")
+    num_gpu_blocks: int | None = Field(None, description="vllm:cache_config_info's num_gpu_blocks: KV blocks "
+                                       "(on the device the cache is on, CPU included).")
+    gpu_memory_utilization: float | None = Field(None, description="vllm:cache_config_info's "
+                                                 "gpu_memory_utilization.")
+    max_model_len: int | None = Field(None, description="GET /v1/models' max_model_len (None when it asks for "
+                                      "a key).")
+    kv_capacity_tokens: int | None = Field(None, description="Tokens the KV cache holds: the start-up log's "
+                                           "'<device> KV cache size' line, else cache_config_info's "
+                                           "kv_cache_size_tokens, else num_gpu_blocks x block_size.")
 
 
 def hit_rate(queries: float | None, hits: float | None) -> float | None:
@@ -82,16 +102,20 @@ def hit_rate(queries: float | None, hits: float | None) -> float | None:
 class RunResult(BaseModel):
     """One run of one setting: what was started, under which conditions, and what it measured."""
 
-    schema_version: Literal[1] = Field(SCHEMA_VERSION, description="Bumped on any breaking change.")
+    schema_version: Literal[1, 2] = Field(SCHEMA_VERSION, description="Bumped when a field changes meaning (see "
+                                          "SCHEMA_VERSION); older versions still load.")
     tool_version: str = Field(batchscope.__version__, description="batchscope version that wrote it.")
     python: str = Field(platform.python_version(), description="Python version of the tuner.")
     plan: str = Field(description="Plan name.")
     setting: str = Field(description="'baseline' or the variation's name.")
     repeat: int = Field(ge=0, description="Repeat index, from 0.")
     mode: Literal["real-time", "what-if"] = Field(description="Measured in real time, or on the virtual clock.")
-    params: ServingParams = Field(description="The serving parameters of this run.")
+    params: ServingParams = Field(description="The serving parameters of this run (None: not passed).")
     conditions: WorkloadSpec = Field(description="The locked workload (warm-up and window included).")
-    command_line: list[str] = Field(default_factory=list, description="The server's command line (secrets masked).")
+    command_line: list[str] = Field(default_factory=list, description="The server's command line, as run "
+                                    "(secrets masked); also for a start that failed.")
+    reported: ServerReport | None = Field(None, description="What the server chose, read back after the start "
+                                          "(None: it did not start, a what-if run, or schema version 1).")
     started_at: str = Field(description="Run start, ISO 8601 UTC.")
     finished_at: str = Field(description="Run end, ISO 8601 UTC.")
     status: Literal["ok", "failed"] = Field(description="'failed': the server did not start or the load failed.")
@@ -119,6 +143,7 @@ class RunStart(TypedDict):
     conditions: WorkloadSpec
     started_at: str
     command_line: NotRequired[list[str]]
+    reported: NotRequired[ServerReport]
 
 
 def now_iso() -> str:

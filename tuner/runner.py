@@ -4,6 +4,8 @@ The order is pure (`plan_runs`: every setting for repeat 0, then repeat 1..., so
 not load one setting); `run_one` drives one run: start the server, read /metrics before, every second during
 and after, run `batchscope load` for warm-up + window, stop the server, then compute and save the RunResult
 (run.json written last and atomically: a run folder without it is unfinished and is redone by --resume).
+With a live file (batchscope.live_run), each run's start replaces it with where the server and the load's
+client metrics answer, for an exporter that follows it.
 A signal (SIGINT, SIGTERM) raises `Interrupted` in the main thread; `run_one`'s cleanup stops the load and the
 server and leaves no run.json. The cleanup itself is not interrupted (`signals_deferred`): a signal that lands
 in it is raised once the server is stopped, so no server is left holding the GPU and the port.
@@ -30,7 +32,9 @@ import requests
 import yaml
 
 from batchscope.listen import free_port
-from tuner.backends import Server, StartFailed, die_with_parent, make_server, stop_process, tail
+from batchscope.live_run import LiveRun
+from batchscope.vllm_log import failure_cause
+from tuner.backends import CAUSE_LINES, Server, StartFailed, die_with_parent, make_server, stop_process, tail
 from tuner.compare import changed_params
 from tuner.plan import Plan, PlanError, ServingParams
 from tuner.progress import Progress, read_client
@@ -76,7 +80,7 @@ def plan_runs(plan: Plan) -> list[PlannedRun]:
 
 def diff(baseline: ServingParams, params: ServingParams) -> list[str]:
     """What a setting changes, as 'field: old → new' (the exporter's change-log wording)."""
-    return [f"{change.name}: {change.baseline} → {change.value}" for change in changed_params(baseline, params)]
+    return [f"{change.name}: {change.arrow()}" for change in changed_params(baseline, params)]
 
 
 # --- the plan loop ------------------------------------------------------------------------------------------
@@ -93,11 +97,11 @@ def prepare_plan_dir(plan: Plan, plan_dir: Path, resume: bool) -> None:
     write_atomically(written, plan.model_dump_json(indent=2))
 
 
-def run_plan(plan: Plan, plan_dir: Path, *, resume: bool, what_if: bool, command_file: Path | None,
+def run_plan(plan: Plan, plan_dir: Path, *, resume: bool, what_if: bool, live_file: Path | None,
              progress: Progress) -> list[RunResult]:
     """Run every planned run not finished yet; return the results written by this call."""
     prepare_plan_dir(plan, plan_dir, resume)
-    server = None if what_if else make_server(plan.backend, command_file)
+    server = None if what_if else make_server(plan.backend)
     done = []
     for run in plan_runs(plan):
         run_dir = plan_dir / run.name
@@ -107,7 +111,8 @@ def run_plan(plan: Plan, plan_dir: Path, *, resume: bool, what_if: bool, command
         if run_dir.exists():
             shutil.rmtree(run_dir)  # an interrupted run: its partial data would mix with the new one
         progress.begin(run.index, run.name)
-        result = what_if_run(plan, run, progress) if server is None else run_one(plan, run, run_dir, server, progress)
+        result = what_if_run(plan, run, progress) if server is None \
+            else run_one(plan, run, run_dir, server, progress, live_file)
         save(result, plan_dir)
         done.append(result)
         progress.note(f"run {run.index}/{progress.total} {run.name}: {result.status}"
@@ -124,7 +129,8 @@ def what_if_run(plan: Plan, run: PlannedRun, progress: Progress) -> RunResult:
 
 # --- one run ------------------------------------------------------------------------------------------------
 
-def run_one(plan: Plan, run: PlannedRun, run_dir: Path, server: Server, progress: Progress) -> RunResult:
+def run_one(plan: Plan, run: PlannedRun, run_dir: Path, server: Server, progress: Progress,
+            live_file: Path | None = None) -> RunResult:
     """Start, measure, stop; a start failure or a server gone mid-run is a failed run, not an exception."""
     run_dir.mkdir(parents=True)
     started_at = now_iso()
@@ -134,6 +140,7 @@ def run_one(plan: Plan, run: PlannedRun, run_dir: Path, server: Server, progress
     try:
         started = server.start(run.params, run_dir / "server.log")
     except StartFailed as exc:
+        base["command_line"] = exc.command_line
         return RunResult(**base, finished_at=now_iso(), status="failed", failure=str(exc), log_tail=exc.log_tail)
     except BaseException:  # a signal while it started (its own cleanup may not have covered every step)
         with signals_deferred():
@@ -142,10 +149,12 @@ def run_one(plan: Plan, run: PlannedRun, run_dir: Path, server: Server, progress
     sampler = MetricsSampler(started.url, run_dir / "metrics-samples.jsonl")
     load = None
     try:
-        base["command_line"] = started.command_line
+        base["command_line"], base["reported"] = started.command_line, started.reported
         before = fetch_metrics(started.url, run_dir / "metrics-before.prom")
         sampler.start()
         load = start_load(plan, run, run_dir, started.url)
+        if live_file is not None:
+            write_live_file(live_file, plan, run, started.command_line, started.url, load.metrics_port, started_at)
         died = follow_load(plan, load, server, progress)
         after = fetch_metrics(started.url, run_dir / "metrics-after.prom") if not died else None
     finally:
@@ -159,7 +168,7 @@ def run_one(plan: Plan, run: PlannedRun, run_dir: Path, server: Server, progress
     if died:
         return RunResult(**base, finished_at=now_iso(), status="failed", failure=died, log_tail=log_tail)
     points = [p for p in (before, *sampler.points, after) if p is not None]
-    result, window = measured(plan, base, started.kv_capacity_tokens, load, points, run_dir)
+    result, window = measured(plan, base, started.reported.kv_capacity_tokens, load, points, run_dir)
     if window is not None:
         annotate(plan, run, *window)
     return result
@@ -189,6 +198,14 @@ def start_load(plan: Plan, run: PlannedRun, run_dir: Path, url: str) -> LoadProc
     return LoadProcess(process, port, out, time.monotonic())
 
 
+def write_live_file(path: Path, plan: Plan, run: PlannedRun, command_line: list[str], url: str, metrics_port: int,
+                    started_at: str) -> None:
+    """Point a following exporter at this run: its server and its load's client metrics (replaced atomically)."""
+    live = LiveRun(vllm_url=url, loadgen_url=f"http://127.0.0.1:{metrics_port}", command_line=command_line,
+                   plan=plan.name, setting=run.setting, repeat=run.repeat, started_at=started_at)
+    write_atomically(path, live.model_dump_json(indent=2) + "\n")
+
+
 def follow_load(plan: Plan, load: LoadProcess, server: Server, progress: Progress) -> str | None:
     """Wait for the load to end, showing its phase and live figures; the reason if the server died meanwhile."""
     deadline = load.started + plan.warmup_s + plan.window_s + LOAD_GRACE_S
@@ -199,7 +216,7 @@ def follow_load(plan: Plan, load: LoadProcess, server: Server, progress: Progres
         except subprocess.TimeoutExpired:
             pass
         if not server.alive():
-            return "server died during the run: " + (server.log_tail(1) or ["no output"])[-1]
+            return "server died during the run: " + (failure_cause(server.log_tail(CAUSE_LINES)) or "no output")
         if time.monotonic() > deadline:
             return f"load generator still running {LOAD_GRACE_S:g} s after the window's end"
         elapsed = time.monotonic() - load.started

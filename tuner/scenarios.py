@@ -24,15 +24,15 @@ SCENARIOS = ("server", "offline")
 ScenarioResult = ServerSearch | OfflineResult
 
 
-def run_scenario(plan: Plan, plan_dir: Path, scenario: str, *, what_if: bool, command_file: Path | None,
+def run_scenario(plan: Plan, plan_dir: Path, scenario: str, *, what_if: bool, live_file: Path | None,
                  progress: Progress, start_rps: float, offline_requests: int) -> list[ScenarioResult]:
     """Run ``scenario`` for every setting of the plan; return (and save) one result per setting."""
-    server = None if what_if else make_server(plan.backend, command_file)
+    server = None if what_if else make_server(plan.backend)
     out_dir = plan_dir / f"mlperf-{scenario}"
     results: list[ScenarioResult] = []
     for index, (setting, params) in enumerate(plan.settings(), start=1):
         progress.begin(index, f"{scenario} {setting}")
-        points = _Points(plan, setting, params, out_dir / setting, server, progress)
+        points = _Points(plan, setting, params, out_dir / setting, server, progress, live_file)
         result: ScenarioResult
         if scenario == "server":
             result = search_server(setting, points.at_rate, plan.slos, start_rps=start_rps)
@@ -53,6 +53,7 @@ class _Points:
     setting_dir: Path
     server: Server | None
     progress: Progress
+    live_file: Path | None
 
     def at_rate(self, rate: float) -> RunResult:
         return self._measure(poisson_plan(self.plan, rate), f"rate-{rate:g}")
@@ -65,7 +66,7 @@ class _Points:
         if run_dir.exists():
             shutil.rmtree(run_dir)  # the same point measured again (a rerun of the scenario): start clean
         result = what_if_run(point_plan, run, self.progress) if self.server is None \
-            else run_one(point_plan, run, run_dir, self.server, self.progress)
+            else run_one(point_plan, run, run_dir, self.server, self.progress, self.live_file)
         write_atomically(run_dir / RUN_FILE, result.model_dump_json(indent=2))
         return result
 

@@ -4,6 +4,8 @@ vLLM's /metrics is read as points: a time and every sample summed over its label
 window's counters are differences between the last point at or before the window's start and the first at or
 after its end; its gauges are the points inside it. The client side is the load generator's summary.json (read,
 not recomputed) and the per-request values of the same requests from records.jsonl (the summary's window rule).
+What a server chose at its start (`server_report`) comes from the same /metrics text, its /version and
+/v1/models answers and its start-up log.
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
+from batchscope.vllm_log import parse_capacity
 from loadgen.request import RequestRecord
 from loadgen.summary import Summary
 from loadgen.window import in_window
-from tuner.results import ClientFigures, RequestSamples, ServerSignals, hit_rate
+from tuner.results import ClientFigures, RequestSamples, ServerReport, ServerSignals, hit_rate
 
 CACHE_INFO = "vllm:cache_config_info"
 
@@ -40,16 +44,47 @@ def parse_metrics(text: str, t: float) -> MetricsPoint:
     return MetricsPoint(t=t, values=dict(values))
 
 
-def kv_capacity_from_metrics(text: str) -> int | None:
-    """Tokens the KV cache holds, from vllm:cache_config_info's num_gpu_blocks x block_size."""
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == CACHE_INFO and "num_gpu_blocks" in sample.labels and "block_size" in sample.labels:
-                try:
-                    return int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
-                except ValueError:
-                    return None
-    return None
+def cache_config(text: str) -> dict[str, str]:
+    """vllm:cache_config_info's labels in a /metrics text (the first engine's), {} when it is not there or the
+    text is not an exposition."""
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == CACHE_INFO:
+                    return dict(sample.labels)
+    except ValueError:  # the parser's error for a malformed text
+        pass
+    return {}
+
+
+def server_report(metrics_text: str, version: dict | None, models: dict | None, log_text: str) -> ServerReport:
+    """What a server chose, from its /metrics text (cache_config_info's labels), the /version and /v1/models
+    answers (None when they did not answer) and its start-up log (the KV capacity line)."""
+    labels = cache_config(metrics_text)
+    blocks, block_size = _number(int, labels.get("num_gpu_blocks")), _number(int, labels.get("block_size"))
+    tokens, _ = parse_capacity(log_text)
+    if tokens is None:
+        tokens = _number(int, labels.get("kv_cache_size_tokens"))
+    if tokens is None and blocks is not None and block_size is not None:
+        tokens = blocks * block_size
+    card = ((models or {}).get("data") or [{}])[0]
+    utilization = _number(float, labels.get("gpu_memory_utilization"))
+    return ServerReport(vllm_version=_text((version or {}).get("version")), block_size=block_size,
+                        num_gpu_blocks=blocks, gpu_memory_utilization=utilization,
+                        max_model_len=_number(int, card.get("max_model_len")) if isinstance(card, dict) else None,
+                        kv_capacity_tokens=tokens)
+
+
+def _number(kind: type[int] | type[float], value: Any) -> Any:
+    """A label's or a JSON field's number; None for a missing one, vLLM's 'None' label or anything else."""
+    try:
+        return None if value is None else kind(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def server_signals(points: list[MetricsPoint], window_start: float, window_end: float,

@@ -34,10 +34,20 @@ from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
 from loadgen.summary import Distribution
 from simulator.config import Deployment, ServeConfig, validation_message
 from simulator.engine import EngineCore, Step
+from simulator.responses import VLLM_VERSION
 from simulator.stats import EngineStats
 from simulator.virtual import ClosedLoop, FixedArrivals, PromptIds, RequestSpec, StepObserver, TimedResult, run_timed
 from tuner.plan import Plan, ServingParams, SimulatorBackend
-from tuner.results import ClientFigures, RequestSamples, RunResult, RunStart, ServerSignals, hit_rate, now_iso
+from tuner.results import (
+    ClientFigures,
+    RequestSamples,
+    RunResult,
+    RunStart,
+    ServerReport,
+    ServerSignals,
+    hit_rate,
+    now_iso,
+)
 
 DEFAULT_PROFILE = SimulatorBackend().profile
 
@@ -56,6 +66,7 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) ->
     except ValueError as exc:  # ValidationError is a ValueError too
         line = validation_message(exc) if isinstance(exc, ValidationError) else str(exc)
         return RunResult(**base, finished_at=now_iso(), status="failed", failure=f"server refused: {line}")
+    base["reported"] = _reported(deployment)
     too_long = spec.input_tokens + spec.output_tokens > deployment.max_model_len
     if too_long:
         # vLLM answers 400 to every request, and the load generator's run fails with that answer
@@ -95,10 +106,17 @@ def _profile_and_seed(plan: Plan) -> tuple[str, int]:
 
 def _deployment(params: ServingParams, profile: str, seed: int) -> Deployment:
     # extra_flags are vLLM flags the simulator has no model of; they are the same in every run of a plan
-    return Deployment(ServeConfig(
-        model=params.model, max_model_len=params.max_model_len, max_num_seqs=params.max_num_seqs,
-        max_num_batched_tokens=params.max_num_batched_tokens, gpu_memory_utilization=params.gpu_memory_utilization,
-        block_size=params.block_size, profile=profile, seed=seed))
+    # a knob left unset takes the simulator's default, which is vLLM's, as in a real-time run
+    knobs = {name: value for name, value in params.knobs().items() if value is not None}
+    return Deployment(ServeConfig(model=params.model, profile=profile, seed=seed, **knobs))
+
+
+def _reported(deployment: Deployment) -> ServerReport:
+    """What the simulated server would report choosing (its cache_config_info, /version and /v1/models)."""
+    plan = deployment.kv_plan
+    return ServerReport(vllm_version=VLLM_VERSION, block_size=plan.block_size, num_gpu_blocks=plan.num_gpu_blocks,
+                        gpu_memory_utilization=deployment.config.gpu_memory_utilization,
+                        max_model_len=deployment.max_model_len, kv_capacity_tokens=plan.kv_cache_tokens)
 
 
 def _source(spec: WorkloadSpec, repeat: int) -> ClosedLoop | FixedArrivals:

@@ -8,16 +8,31 @@ import struct
 import docker
 import pytest
 
+from batchscope.vllm_log import parse_capacity
 from exporter.config import ServingConfig, from_exposed, parse_command
-from exporter.docker_source import DockerSource, parse_capacity
+from exporter.docker_source import DockerSource
 from tests.stubs import HttpStub, Reply, json_reply
 
 COMMAND = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "256",
            "--max-num-batched-tokens=8192", "--gpu-memory-utilization", "0.95", "--max-model-len", "8192",
            "--enable-prefix-caching", "--tensor-parallel-size", "1"]
-LOG = ("INFO 10-03 16:22:17 [gpu_worker.py:298] Available KV cache memory: 58.11 GiB\n"
-       "INFO 10-03 16:22:17 [kv_cache_utils.py:864] GPU KV cache size: 476,016 tokens\n"
-       "INFO 10-03 16:22:17 [kv_cache_utils.py:868] Maximum concurrency for 8,192 tokens per request: 58.11x\n")
+# the real CPU build (v0.32.0, shared/reference/real-parts.md): the device named, one line
+LOG = ("(EngineCore_DP0 pid=4242) INFO 12-01 10:00:00 [cpu_worker.py:260] Explicitly set (1.0/10.71) GiB for KV "
+       "cache on node 0.\n"
+       "(EngineCore_DP0 pid=4242) INFO 12-01 10:00:00 [kv_cache_utils.py:2327] CPU KV cache size: 2,097,152 "
+       "tokens, Maximum concurrency for 2,048 tokens per request: 1024.00x\n")
+# the forms vLLM has written (shared/reference/vllm.md; the `+ host` one from v0.32's kv_cache_utils.py)
+CAPACITY_LINES = {
+    "GPU, two lines (2025)": ("(EngineCore_DP0 pid=1133552) INFO 10-03 16:22:17 [kv_cache_utils.py:864] GPU KV cache "
+                              "size: 42,656 tokens\n(EngineCore_DP0 pid=1133552) INFO 10-03 16:22:17 "
+                              "[kv_cache_utils.py:868] Maximum concurrency for 32,768 tokens per request: 1.30x\n",
+                              (42_656, 1.30)),
+    "CPU, one line (2026)": (LOG, (2_097_152, 1024.0)),
+    "CPU, a forced tiny cache": ("INFO 12-01 10:00:00 [kv_cache_utils.py:2327] CPU KV cache size: 2,560 tokens, "
+                                 "Maximum concurrency for 2,048 tokens per request: 1.25x\n", (2560, 1.25)),
+    "GPU + host": ("INFO 12-01 10:00:00 [kv_cache_utils.py:2327] GPU + host KV cache size: 1,048,576 tokens, "
+                   "Maximum concurrency for 8,192 tokens per request: 128.00x\n", (1_048_576, 128.0)),
+}
 
 
 def test_vllm_serve_command_line_is_parsed_into_known_fields_and_other_flags():
@@ -44,9 +59,11 @@ def test_command_values_win_over_exposed_ones_and_diff_reads_like_a_change_log()
     assert later.diff(ServingConfig()) == []  # unknown before: a source answering, not a change
 
 
-def test_capacity_is_read_from_vllms_log_lines():
-    assert parse_capacity(LOG) == (476016, 58.11)
-    assert parse_capacity("nothing here") == (None, None)
+@pytest.mark.parametrize("form", CAPACITY_LINES)
+def test_capacity_is_read_from_vllms_log_lines_on_any_device(form):
+    text, figures = CAPACITY_LINES[form]
+    assert parse_capacity(text) == figures
+    assert parse_capacity("INFO [gpu_worker.py:298] Available KV cache memory: 58.11 GiB") == (None, None)
 
 
 def docker_frames(text: str) -> bytes:
@@ -82,7 +99,7 @@ def test_container_command_and_kv_line_are_read_through_the_docker_sdk(engine, b
     source = DockerSource(client, container="batchscope-vllm-1" if by == "name" else None, service="vllm")
     view = source.read()
     assert view.config.max_num_batched_tokens == "8192" and view.config.max_num_seqs == "256"
-    assert (view.kv_cache_tokens, view.max_concurrency) == (476016, 58.11)
+    assert (view.kv_cache_tokens, view.max_concurrency) == (2_097_152, 1024.0)  # the CPU build's line
     assert view.started_at == pytest.approx(1796014800.123456)
     source.read()
     log_reads = [r for r in engine.requests if "/logs" in r.path]

@@ -17,7 +17,9 @@ from tuner.verdicts import pareto_front
 
 WORKLOAD = {"model": "auto", "input_tokens": 512, "output_tokens": 128, "seed": 1, "warmup_s": 10,
             "duration_s": 60, "load": {"mode": "concurrency", "concurrency": 64}}
-BASE_PARAMS = {"model": "meta-llama/Llama-3.1-8B-Instruct", "max_model_len": 4096}
+# the seed's baseline, every knob named (a knob left unset would read 'vLLM default')
+BASE_PARAMS = {"model": "meta-llama/Llama-3.1-8B-Instruct", "max_model_len": 4096, "max_num_seqs": 128,
+               "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.92}
 SERVER = {"preemptions": 0, "prompt_tokens": 1e6, "generation_tokens": 2.5e5, "requests_finished": 2000,
           "queue_time_mean_s": 0.01, "prefill_time_mean_s": 0.05, "decode_time_mean_s": 2.0,
           "tokens_per_step_mean": 1900, "max_waiting": 0, "max_running": 64, "kv_usage_peak": 0.5,
@@ -201,7 +203,7 @@ def test_pareto_front_drops_dominated_settings():
 def test_comparison_carries_schema_and_conditions():
     c = run_compare(make_run(), make_run("x", params={"max_num_seqs": 64}))
     data = c.model_dump(mode="json")
-    assert data["schema_version"] == 1 and data["mode"] == "real-time"
+    assert data["schema_version"] == 2 and data["mode"] == "real-time"
     assert data["conditions"]["input_tokens"] == 512 and data["slos"]["ttft_p99_s"] == 2.0
     assert Comparison.model_validate_json(c.model_dump_json()) == c
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import json
 import re
 import shutil
 import subprocess
@@ -12,11 +13,11 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from tests.tuner.test_compare import WORKLOAD, make_run
+from tests.tuner.test_compare import BASE_PARAMS, WORKLOAD, make_run
 from tuner.metric_defs import METRICS
 from tuner.plan import Plan
 from tuner.report import CSV_COLUMNS, PLOTS, write_report
-from tuner.results import save
+from tuner.results import ServerReport, load_results, save
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CHROMIUM = "/usr/bin/chromium"
@@ -37,8 +38,7 @@ def make_plan_dir(directory: Path) -> Path:
     ]
     for run in runs:
         save(run, directory)
-    plan = Plan(name="one-knob", workload=WORKLOAD, baseline={"model": "meta-llama/Llama-3.1-8B-Instruct",
-                                                              "max_model_len": 4096},
+    plan = Plan(name="one-knob", workload=WORKLOAD, baseline=BASE_PARAMS,
                 variations=[{"name": "tokens-8192", "set": {"max_num_batched_tokens": 8192}},
                             {"name": "seqs-32", "set": {"max_num_seqs": 32}},
                             {"name": "low-util", "set": {"gpu_memory_utilization": 0.3}},
@@ -108,6 +108,17 @@ def test_without_plan_json_the_runs_conditions_and_default_slos_are_used(plan_di
 def test_an_empty_plan_directory_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="no finished runs"):
         write_report(tmp_path)
+
+
+def test_runs_written_in_schema_1_still_load_for_the_report_beside_schema_2_ones(tmp_path):
+    old = make_run().model_dump(mode="json", exclude={"reported"}) | {"schema_version": 1}  # every knob passed
+    (tmp_path / "baseline-r0").mkdir()
+    (tmp_path / "baseline-r0" / "run.json").write_text(json.dumps(old))
+    save(make_run("bs-32", params={"block_size": 32}).model_copy(update={"reported": ServerReport(block_size=32)}),
+         tmp_path)
+    assert [run.schema_version for run in load_results(tmp_path)] == [1, 2]
+    text = {p.name: p for p in write_report(tmp_path)}["report.md"].read_text()
+    assert "## bs-32: block_size vLLM default → 32" in text and "| default |" in text
 
 
 def test_what_if_mode_is_stated(tmp_path):

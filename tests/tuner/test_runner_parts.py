@@ -13,7 +13,7 @@ from tests.tuner.support import tiny_plan
 from tuner.plan import Plan
 from tuner.progress import client_live, quantile
 from tuner.runner import PROMETHEUS_QUERIES, annotate, diff, plan_runs, query_prometheus
-from tuner.signals import MetricsPoint, kv_capacity_from_metrics, server_signals
+from tuner.signals import MetricsPoint, cache_config, server_report, server_signals
 
 
 def test_repeats_are_interleaved_with_the_baseline_first():
@@ -25,7 +25,10 @@ def test_repeats_are_interleaved_with_the_baseline_first():
 def test_diff_names_the_changed_parameter_as_a_change_log():
     plan = Plan.model_validate(tiny_plan())
     (_, baseline), (_, variation) = plan.settings()
-    assert diff(baseline, variation) == ["max_num_seqs: 128 → 2"] and diff(baseline, baseline) == []
+    assert diff(baseline, variation) == ["max_num_seqs: vLLM default → 2"] and diff(baseline, baseline) == []
+    seeds = Plan.model_validate(tiny_plan(baseline={"model": "m", "max_num_seqs": 128}))
+    (_, baseline), (_, variation) = seeds.settings()
+    assert diff(baseline, variation) == ["max_num_seqs: 128 → 2"]
 
 
 def point(t: float, preemptions: float, waiting: float, kv: float, queue_sum: float, queue_count: float):
@@ -45,9 +48,23 @@ def test_counters_are_differences_across_the_window_and_gauges_its_samples():
     assert signals.kv_capacity_tokens == 1000 and signals.tokens_per_step_mean is None
 
 
-def test_kv_capacity_from_cache_config_info():
-    text = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="2000",gpu_memory_utilization="0.9"} 1.0\n'
-    assert kv_capacity_from_metrics(text) == 32000 and kv_capacity_from_metrics("") is None
+# vLLM 0.32's CPU build (shared/reference/vllm-0.32-cpu-metrics.txt), the labels that matter kept
+CPU_CACHE_INFO = ('vllm:cache_config_info{block_size="128",engine="0",gpu_memory_utilization="0.92",'
+                  'kv_cache_size_tokens="2097152",num_gpu_blocks="16384",num_gpu_blocks_override="None"} 1.0\n')
+
+
+def test_what_the_server_chose_from_its_cache_config_version_models_and_log():
+    reported = server_report(CPU_CACHE_INFO, {"version": "0.32.0"}, {"data": [{"max_model_len": 1024}]}, "")
+    assert (reported.vllm_version, reported.block_size, reported.num_gpu_blocks) == ("0.32.0", 128, 16384)
+    assert (reported.gpu_memory_utilization, reported.max_model_len, reported.kv_capacity_tokens) == \
+        (0.92, 1024, 2_097_152)
+    older = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="2000",gpu_memory_utilization="0.9"} 1.0\n'
+    assert server_report(older, None, None, "").kv_capacity_tokens == 32000  # no kv_cache_size_tokens label
+    log = "INFO 12-01 10:00:00 [kv_cache_utils.py:2327] CPU KV cache size: 2,560 tokens, Maximum concurrency " \
+        "for 2,048 tokens per request: 1.25x\n"
+    assert server_report(older, None, None, log).kv_capacity_tokens == 2560  # the log's line wins
+    assert server_report("", None, None, "") == server_report("not { an exposition", {}, {"data": []}, "")
+    assert cache_config("garbage {") == {} and server_report("", None, None, "").block_size is None
 
 
 def test_live_ttft_p50_and_errors_from_the_client_metrics():
@@ -88,4 +105,4 @@ def test_one_grafana_region_per_run_with_the_change_as_text(monkeypatch):
     assert (request.method, request.path) == ("POST", "/api/annotations")
     assert request.headers["Authorization"] == "Bearer glsa_x"
     assert json.loads(request.body) == {"time": 1000000, "timeEnd": 1020500, "tags": ["batchscope", "tuner", "mns-2"],
-                                        "text": "tiny mns-2-r0: max_num_seqs: 128 → 2"}
+                                        "text": "tiny mns-2-r0: max_num_seqs: vLLM default → 2"}

@@ -56,7 +56,7 @@ class SignalWhileStopping(Progress):
 def test_ctrl_c_during_a_runs_cleanup_still_stops_the_server(tmp_path):
     plan = Plan.model_validate(tiny_plan())
     run = plan_runs(plan)[0]
-    server = make_server(plan.backend, None)
+    server = make_server(plan.backend)
     with StopOnSignal(), SignalWhileStopping(total=1) as progress, pytest.raises(Interrupted):
         run_one(plan, run, tmp_path / run.name, server, progress)
     assert not server.alive()  # stopped before the interruption went on

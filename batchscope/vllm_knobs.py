@@ -1,0 +1,106 @@
+"""vLLM's serving knobs, defined once: each one's name, `vllm serve` flag, default, bounds, and the rule across two.
+
+A knob left unset is not passed, so vLLM picks its value: a fixed default for some, one that depends on the
+device, the model or the release for the others (``default`` None, ``default_rule`` says how vLLM picks it).
+What a server chose is read back from it after a start, not assumed from here. The argv helpers write the set
+knobs' flags and remove knob flags from a command line written either way, ``--max-num-seqs 8`` or
+``--max_num_seqs=8``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+KnobValue = int | float
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob: vLLM's engine argument and what vLLM does with it."""
+
+    name: str  # the engine argument (EngineArgs field), as a plan and vLLM's config labels name it
+    above: KnobValue  # values must be > above ...
+    at_most: KnobValue  # ... and <= at_most
+    default: KnobValue | None  # vLLM's value when the flag is not passed, where one value holds for every server
+    default_rule: str  # how vLLM picks its value when the flag is not passed (beyond ``default``)
+    meaning: str
+
+    @property
+    def flag(self) -> str:
+        """The `vllm serve` flag."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def description(self) -> str:
+        """What the knob is and what an unset one means (a config field's description)."""
+        fixed = f"{self.default:g}; " if self.default is not None else ""
+        return f"{self.flag}: {self.meaning}. Unset: not passed, vLLM's default applies ({fixed}{self.default_rule})."
+
+
+# The seed's three knobs, then the two lengths they depend on (a plan's, a diff's and the flags' order).
+KNOBS: Final = (
+    # by device memory for `vllm serve` (EngineArgs.get_batch_defaults, v0.32): >= 160 GiB, >= 70 GiB but not
+    # A100, other GPUs, the CPU build (times the world size there)
+    Knob("max_num_seqs", 0, 100_000, None, "by device: 1024 on GPUs of 70 GiB or more but A100, 256 on "
+         "other GPUs, 128 per rank on the CPU build", "sequences per scheduler step"),
+    Knob("max_num_batched_tokens", 0, 10_000_000, None, "by device: 16384 on GPUs of 160 GiB or more, 8192 "
+         "of 70 GiB or more but A100, 2048 on other GPUs and per rank on the CPU build", "tokens per scheduler step"),
+    Knob("gpu_memory_utilization", 0, 1, 0.92, "0.9 before v0.25; on the CPU build the fraction "
+         "of NUMA node 0's memory, ignored when VLLM_CPU_KVCACHE_SPACE is set", "fraction of device memory, in "
+         "(0, 1]"),
+    Knob("max_model_len", 0, 10_000_000, None, "the model's context length, from its config",
+         "prompt + output limit, tokens"),
+    Knob("block_size", 0, 1024, None, "by attention backend: 16 on CUDA, 128 on the CPU build, which takes "
+         "multiples of 32 only", "tokens per KV block"),
+)
+KNOB_NAMES: Final = tuple(knob.name for knob in KNOBS)
+BY_NAME: Final = {knob.name: knob for knob in KNOBS}
+BY_FLAG: Final = {knob.flag: knob for knob in KNOBS}  # look a word up with flag_key()
+DEFAULT_TEXT = "vLLM default"  # how an unset knob reads in a diff or a report: "vLLM default → 32"
+
+
+def cross_knob_problem(values: Mapping[str, KnobValue | None]) -> str | None:
+    """vLLM's rule across knobs (SchedulerConfig): max_num_batched_tokens >= max_num_seqs, checked when both are
+    set (vLLM's own defaults satisfy it); the problem as one line, or None."""
+    seqs, tokens = values.get("max_num_seqs"), values.get("max_num_batched_tokens")
+    if seqs is not None and tokens is not None and tokens < seqs:
+        return f"max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs}) (vLLM's rule)"
+    return None
+
+
+def shown(value: object) -> str:
+    """A knob's value in a diff or a report: the number, or 'vLLM default' when it is not passed."""
+    return DEFAULT_TEXT if value is None else str(value)
+
+
+def knob_flags(values: Mapping[str, KnobValue | None]) -> list[str]:
+    """`--flag value` for every knob set in ``values``, in KNOBS order; unset ones are not passed."""
+    flags: list[str] = []
+    for knob in KNOBS:
+        value = values.get(knob.name)
+        if value is not None:
+            flags += [knob.flag, str(value)]
+    return flags
+
+
+def flag_key(word: str) -> str:
+    """A flag as BY_FLAG names it: vLLM's parser takes underscores for dashes anywhere in a flag's name."""
+    return word.replace("_", "-") if word.startswith("--") else word
+
+
+def without_knobs(argv: Sequence[str]) -> list[str]:
+    """An argv with every knob flag and its value removed, in any spelling (`--max-num-seqs 8`,
+    `--max_num_seqs=8`); everything else kept in order."""
+    kept: list[str] = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        index += 1
+        name, has_value, _ = word.partition("=")
+        if flag_key(name) not in BY_FLAG:
+            kept.append(word)
+        elif not has_value:
+            index += 1  # the flag's value is the next word
+    return kept
