@@ -62,6 +62,8 @@ OPTIONS = (
     Option("--vllm-api-key", "bearer key for vLLM's /v1 routes"),
     Option("--vllm-command", "the `vllm serve ...` command line"),
     Option("--vllm-command-file", "file holding the current `vllm serve` command line (re-read at every scrape)"),
+    Option("--follow", "live file of `batchscope tune --live-file` (re-read at every scrape): the running run's "
+           "vLLM URL, load generator URL and command line replace the flags' while it names one"),
     Option("--docker-container", "read the vLLM container's command line and logs through the docker SDK"),
     Option("--docker-service", "find the vLLM container by its compose service label instead (e.g. vllm)"),
     Option("--grafana-url", "post an annotation per change here"),
@@ -109,7 +111,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, s
 
 def check(args: argparse.Namespace, names: Mapping[str, str]) -> None:
     """Refuse at start what cannot work: a URL without http(s), a timeout <= 0, a port out of range, a command
-    file that is missing or unreadable, a command line that cannot be split."""
+    file that is missing or unreadable, a command line that cannot be split, a live file that is a folder."""
     for flag in URL_FLAGS:
         url = getattr(args, flag[2:].replace("-", "_"))
         if url is not None:
@@ -134,6 +136,8 @@ def check(args: argparse.Namespace, names: Mapping[str, str]) -> None:
         _check_command(names["--vllm-command-file"], text)
     if args.vllm_command is not None:
         _check_command(names["--vllm-command"], args.vllm_command)
+    if args.follow is not None and Path(args.follow).is_dir():  # a missing one is fine: no run has started yet
+        raise BadInput(f"{names['--follow']}: {args.follow} is a folder, not a file")
 
 
 def _check_command(name: str, command: str) -> None:
@@ -169,7 +173,7 @@ def build_collector(args: argparse.Namespace) -> BatchscopeCollector:
         vllm_url=args.vllm_url.rstrip("/"), loadgen_url=args.loadgen_url.rstrip("/") if args.loadgen_url else None,
         vllm_api_key=args.vllm_api_key, vllm_command=args.vllm_command,
         vllm_command_file=Path(args.vllm_command_file) if args.vllm_command_file else None,
-        docker=docker, timeout_s=args.scrape_timeout_s)
+        docker=docker, timeout_s=args.scrape_timeout_s, follow=Path(args.follow) if args.follow else None)
     return BatchscopeCollector(sources, ChangeTracker(annotator))
 
 

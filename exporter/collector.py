@@ -3,7 +3,8 @@
 Yields vLLM's ``vllm:*`` families unchanged (old names mapped, see families.py), the load generator's
 ``batchscope_client_*`` families, the serving configuration in effect, KV capacity, change marks, and per target
 ``batchscope_up`` and ``batchscope_scrape_duration_seconds``. A down, slow or malformed target gives up=0 and
-everything else is still served. Nothing is polled between scrapes.
+everything else is still served. Nothing is polled between scrapes. With a live file to follow (`--follow`, a
+tuner's `--live-file`), every scrape reads the targets of the run it names, so a plan's every run is shown.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from batchscope.live_run import LiveFileError, LiveRun, read_live_file
 from exporter import families
 from exporter.changes import ChangeTracker
 from exporter.config import ServingConfig, from_exposed, parse_command
@@ -44,7 +46,8 @@ class TargetScrape:
 
 @dataclass
 class ExporterSources:
-    """Where the exporter reads from; everything but vllm_url is optional."""
+    """Where the exporter reads from; everything but vllm_url is optional. A live file (``follow``), when it
+    holds a run, overrides vllm_url, loadgen_url and the command line with the run's."""
 
     vllm_url: str
     loadgen_url: str | None = None
@@ -53,6 +56,16 @@ class ExporterSources:
     vllm_command_file: Path | None = None
     docker: DockerSource | None = None
     timeout_s: float = 2.0
+    follow: Path | None = None
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What one scrape reads: the followed run's, else the flags'."""
+
+    vllm_url: str
+    loadgen_url: str | None
+    command: str | list[str] | None
 
 
 class BatchscopeCollector(Collector):
@@ -67,14 +80,16 @@ class BatchscopeCollector(Collector):
         self._local = threading.local()  # one requests.Session per pool thread
         self._parsers = {prefix: families.IncrementalParser() for prefix in ("vllm:", "batchscope_client_")}
         self._pool = ThreadPoolExecutor(max_workers=5, thread_name_prefix="scrape")
+        self._follow_problem: str | None = None  # the live file's last problem, logged once until it changes
 
     def collect(self) -> Iterator[Metric]:
         src = self._sources
-        vllm_future = self._pool.submit(self._scrape, "vllm", src.vllm_url + "/metrics", "vllm:")
-        loadgen_future = self._pool.submit(self._scrape, "loadgen", src.loadgen_url + "/metrics",
-                                           "batchscope_client_") if src.loadgen_url else None
-        card_future = self._pool.submit(self._json, "/v1/models")
-        version_future = self._pool.submit(self._json, "/version")
+        targets = self._targets()
+        vllm_future = self._pool.submit(self._scrape, "vllm", targets.vllm_url + "/metrics", "vllm:")
+        loadgen_future = self._pool.submit(self._scrape, "loadgen", targets.loadgen_url + "/metrics",
+                                           "batchscope_client_") if targets.loadgen_url else None
+        card_future = self._pool.submit(self._json, targets.vllm_url, "/v1/models")
+        version_future = self._pool.submit(self._json, targets.vllm_url, "/version")
         docker_future = self._pool.submit(src.docker.read) if src.docker else None
         vllm = vllm_future.result()
         vllm_families, mappings = families.map_renamed(vllm.families)
@@ -86,12 +101,37 @@ class BatchscopeCollector(Collector):
             yield from scrapes["loadgen"].families
         container = docker_future.result() if docker_future else None
         if vllm.up:
-            config = self._config(vllm.families, card_future.result(), version_future.result(), container)
+            config = self._config(vllm.families, card_future.result(), version_future.result(), container,
+                                  targets.command)
             started = vllm.start_time_s if vllm.start_time_s is not None else getattr(container, "started_at", None)
             self._changes.observe(config, started)
             yield from self._config_families(config, vllm.families, container)
         yield from self._change_families()
         yield from _health_families(scrapes)
+
+    # ----- where to read ------------------------------------------------------------------------------
+
+    def _targets(self) -> Targets:
+        """The followed run's URLs and command line where the live file gives them, else the flags'."""
+        src = self._sources
+        live = self._live_run()
+        if live is None:
+            return Targets(src.vllm_url, src.loadgen_url, self._command())
+        return Targets(live.vllm_url, live.loadgen_url or src.loadgen_url, live.command_line or self._command())
+
+    def _live_run(self) -> LiveRun | None:
+        path = self._sources.follow
+        if path is None or not path.exists():  # no run started yet: the flags' targets
+            return None
+        try:
+            live = read_live_file(path)  # re-read: a tuner replaces it at every run's start
+        except LiveFileError as exc:
+            if str(exc) != self._follow_problem:
+                log.warning("--follow: %s; using the flags' targets", exc)
+            self._follow_problem = str(exc)
+            return None
+        self._follow_problem = None
+        return live
 
     # ----- fetching ------------------------------------------------------------------------------------
 
@@ -119,11 +159,10 @@ class BatchscopeCollector(Collector):
         self._health.observe(target, url, cause)
         return result
 
-    def _json(self, path: str) -> dict | None:
+    def _json(self, base_url: str, path: str) -> dict | None:
         headers = {"Authorization": f"Bearer {self._sources.vllm_api_key}"} if self._sources.vllm_api_key else {}
         try:
-            reply = self._session().get(self._sources.vllm_url + path, timeout=self._sources.timeout_s,
-                                        headers=headers)
+            reply = self._session().get(base_url + path, timeout=self._sources.timeout_s, headers=headers)
             reply.raise_for_status()
             return reply.json()
         except (requests.RequestException, ValueError):
@@ -132,10 +171,9 @@ class BatchscopeCollector(Collector):
     # ----- configuration -------------------------------------------------------------------------------
 
     def _config(self, vllm_families: list[Metric], models: dict | None, version: dict | None,
-                container: ContainerView | None) -> ServingConfig:
+                container: ContainerView | None, command: str | list[str] | None) -> ServingConfig:
         card = (models or {}).get("data", [None])[0] if models else None
         config = from_exposed(cache_config_labels(vllm_families), card, (version or {}).get("version"))
-        command = self._command()
         if command:
             config = parse_command(command).merged_over(config)
         if container is not None:

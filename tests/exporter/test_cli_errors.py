@@ -33,6 +33,8 @@ CASES = {
     "scrape timeout nan": (["--scrape-timeout-s", "nan"], {}, "--scrape-timeout-s"),
     "missing command file": (["--vllm-command-file", "MISSING"], {}, "--vllm-command-file"),
     "command file is a folder": (["--vllm-command-file", "."], {}, "--vllm-command-file"),
+    "live file to follow is a folder": (["--follow", "."], {}, "--follow"),
+    "env live file to follow is a folder": ([], {"BATCHSCOPE_FOLLOW": "."}, "BATCHSCOPE_FOLLOW"),
     "command with an open quote": (["--vllm-command", f'vllm serve "m --api-key {SECRET}'], {}, "--vllm-command"),
     "env port not a number": ([], {"BATCHSCOPE_PORT": "abc"}, "BATCHSCOPE_PORT: invalid int value 'abc'"),
     "env port out of range": ([], {"BATCHSCOPE_PORT": "70000"}, "BATCHSCOPE_PORT"),

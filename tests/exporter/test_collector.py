@@ -5,16 +5,20 @@ Every value is asserted by its exposed name with get_sample_value."""
 from __future__ import annotations
 
 import itertools
+import json
 import logging
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchscope.live_run import MAX_BYTES
 from exporter.changes import ChangeTracker
 from exporter.collector import BatchscopeCollector, ExporterSources, kv_capacity
 from exporter.config import ServingConfig
 from exporter.docker_source import ContainerView
+from tests.conftest import free_port
 from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply, json_reply
 
@@ -223,3 +227,61 @@ def test_the_exposition_parses_back_with_the_exporters_own_families(upstream):
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"batchscope_up", "batchscope_scrape_duration_seconds", "batchscope_config_changes",
             "batchscope_config_last_change_timestamp_seconds", "batchscope_vllm_config_info"} <= names
+
+
+def live_file(tmp_path: Path, upstream: Upstream, **fields) -> Path:
+    """A tuner's live file (`batchscope tune --live-file`) naming a run on ``upstream``'s servers."""
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps({"vllm_url": upstream.vllm.url, "loadgen_url": upstream.loadgen.url,
+                                "command_line": ["vllm", "serve", MODEL, "--max-num-seqs", "64", "--api-key", "***"],
+                                "plan": "tiny", "setting": "mns-64", "repeat": 0,
+                                "started_at": "2026-12-01T10:00:00+00:00", **fields}))
+    return path
+
+
+def nowhere() -> str:
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def test_a_followed_run_gives_the_targets_and_the_command_line_over_the_flags(upstream, tmp_path):
+    registry = registry_of(collector_for(upstream, follow=live_file(tmp_path, upstream), loadgen_url=nowhere(),
+                                         vllm_command=f"vllm serve {MODEL} --max-num-seqs 8"))
+    assert registry.get_sample_value("batchscope_up", {"target": "vllm"}) == 1
+    assert registry.get_sample_value("batchscope_up", {"target": "loadgen"}) == 1
+    assert registry.get_sample_value("batchscope_client_requests_total", {"outcome": "ok", "scenario": "chat"}) == 42
+    assert config_labels(registry)["max_num_seqs"] == "64"
+
+
+def test_each_new_run_in_the_followed_file_is_read_at_the_next_scrape(upstream, tmp_path):
+    other = Upstream()
+    other.vllm_text = VLLM_METRICS.replace("} 8.0", "} 3.0", 1)  # num_requests_running of the next run's server
+    try:
+        path = live_file(tmp_path, upstream)
+        registry = registry_of(collector_for(upstream, follow=path))
+        labels = {"engine": "0", "model_name": MODEL}
+        assert registry.get_sample_value("vllm:num_requests_running", labels) == 8.0
+        live_file(tmp_path, other, setting="mns-2", command_line=["vllm", "serve", MODEL, "--max-num-seqs", "2"])
+        assert registry.get_sample_value("vllm:num_requests_running", labels) == 3.0
+        assert config_labels(registry)["max_num_seqs"] == "2"
+    finally:
+        other.stop()
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"vllm_url": "ftp://x", "plan": "p", "setting": "s", '
+                                     '"repeat": 0, "started_at": "t"}', " " * (MAX_BYTES + 1)])
+def test_an_unusable_live_file_falls_back_on_the_flags_and_is_logged_once(upstream, tmp_path, caplog, content):
+    caplog.set_level(logging.WARNING, logger="batchscope.exporter")
+    path = tmp_path / "live.json"
+    path.write_text(content)
+    registry = registry_of(collector_for(upstream, follow=path))
+    assert registry.get_sample_value("batchscope_up", {"target": "vllm"}) == 1  # the flags' vLLM
+    registry.get_sample_value("batchscope_up", {"target": "vllm"})
+    warnings = [r.getMessage() for r in caplog.records if "--follow" in r.getMessage()]
+    assert len(warnings) == 1 and str(path) in warnings[0] and "ftp" not in warnings[0]
+
+
+def test_before_any_run_starts_the_flags_targets_are_read_quietly(upstream, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="batchscope.exporter")
+    registry = registry_of(collector_for(upstream, follow=tmp_path / "not-yet.json"))
+    assert registry.get_sample_value("batchscope_up", {"target": "vllm"}) == 1
+    assert not caplog.records
