@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_vllm.support import VllmServer, start_vllm
+from tests.real_vllm.support import VllmServer, tier
 
 HERE = Path(__file__).parent
 # The shared server: 8 sequences per step, 1,024 tokens per step and per request, 1 GiB of KV cache
@@ -22,6 +22,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> VllmServer:
-    server = start_vllm(tmp_path_factory.mktemp("vllm"), *SHARED_FLAGS)
+    server = tier().start(tmp_path_factory.mktemp("vllm"), *SHARED_FLAGS)
     yield server
     server.stop()

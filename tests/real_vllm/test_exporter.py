@@ -9,19 +9,15 @@ import shlex
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import samples
-from tests.real_vllm.support import SERVED_NAME, VllmServer, serve_argv
+from tests.real_vllm.support import SERVED_NAME, tier
 
 
 def family_names(text: str) -> set[str]:
     return {family.name for family in text_string_to_metric_families(text)}
 
 
-def vllm_port(server: VllmServer) -> int:
-    return int(server.url.rsplit(":", 1)[1])
-
-
 def test_every_real_vllm_family_is_re_exposed_with_the_configuration_in_effect(vllm, exporters):
-    command = shlex.join(serve_argv(vllm_port(vllm), *vllm.flags))
+    command = shlex.join(tier().serve_argv(vllm.port, *vllm.flags))
     exporter = exporters("--vllm-url", vllm.url, "--vllm-command", command)
     exported_text_samples = exporter.scrape()
     source = vllm.metrics()

