@@ -37,6 +37,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     serve.add_argument("--max-model-len", type=int, help="default: the profile's model context length")
     serve.add_argument("--block-size", type=int, help="default: the profile's device's (16 on CUDA, 128 on CPU)")
+    serve.add_argument("--vocab-size", type=int, metavar="N",
+                       help="simulator only: the model's vocabulary (default: the profile's); a prompt id at or "
+                            "above it is refused as vLLM refuses it")
     serve.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="automatic prefix caching (default: on, as vLLM V1)")
     serve.add_argument("--api-key")

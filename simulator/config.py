@@ -33,6 +33,8 @@ class ServeConfig(BaseModel):
         0.92, description="Fraction of GPU memory for weights, activations and KV cache, in (0, 1]."
     )
     max_model_len: int | None = Field(None, gt=0, description="Prompt + output limit; defaults to the profile's.")
+    vocab_size: int | None = Field(None, gt=0, description="Simulator only: the model's vocabulary (prompt ids "
+                                   "must be below it); defaults to the profile's.")
     block_size: BlockSize | None = Field(
         None, description="Tokens per KV cache block; default: the profile's device's (16 on CUDA, 128 on CPU)."
     )
@@ -88,6 +90,7 @@ class Deployment:
         self.profile: Profile = load_profile(config.profile)
         self.block_size = _block_size(config.block_size, self.profile)
         self.max_model_len = config.max_model_len or self.profile.max_model_len
+        self.vocab_size = config.vocab_size or self.profile.vocab_size
         if self.max_model_len > self.profile.max_model_len:
             raise ValueError(
                 f"--max-model-len: {self.max_model_len} is greater than the derived max_model_len "

@@ -52,6 +52,8 @@ class Profile(BaseModel):
     device: Device = Field(description="What vLLM runs on: cuda (block size 16 by default) or cpu (128, multiples "
                            "of 32 only); also the KV capacity line's name, GPU or CPU.")
     max_model_len: int = Field(gt=0, description="Context length of the model (prompt + output), tokens.")
+    vocab_size: int = Field(gt=0, description="Token ids of the model's tokenizer: a prompt id at or above it is "
+                            "refused as vLLM refuses it ('Token id N is out of vocabulary').")
 
     gpu_memory_bytes: Bytes = Field(description="Total device memory as vLLM reports it (total_memory).")
     weight_bytes: Bytes = Field(description="Memory taken by the weights ('Model loading took').")

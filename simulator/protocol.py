@@ -21,11 +21,14 @@ Model = TypeVar("Model", bound=BaseModel)
 
 
 class ApiError(Exception):
-    """An error answered with vLLM's JSON error body."""
+    """An error answered with vLLM's JSON error body; ``in_stream``: one vLLM's engine raises after a stream's
+    200 went out, answered as an SSE error event (then [DONE]) instead."""
 
-    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None):
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None,
+                 in_stream: bool = False):
         super().__init__(message)
         self.status, self.message, self.err_type, self.param = status, message, err_type, param
+        self.in_stream = in_stream
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}}
@@ -140,10 +143,11 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class ServedModel:
-    """What a request is checked against: the names the model answers to and its context length."""
+    """What a request is checked against: the names the model answers to, its context length and vocabulary."""
 
     names: tuple[str, ...]
     max_model_len: int
+    vocab_size: int
 
 
 def require_object(body: object) -> dict:
@@ -176,6 +180,8 @@ def generation_request(body: dict, chat: bool, served: ServedModel) -> Generatio
         requested = room if chat else 16  # chat's default output fills the context, as vLLM's does
     max_tokens = min(requested, room)
     check_sampling(fields, max_tokens)
+    if not chat and not _is_text(body.get("prompt")):  # the client's own ids; a tokenizer's are in its vocabulary
+        check_vocabulary(prompt_ids, served.vocab_size, in_stream=bool(fields.stream))
     return GenerationRequest(chat, prompt_ids, max_tokens, fields.min_tokens, fields.ignore_eos,
                              bool(fields.stream), fields.include_usage)
 
@@ -209,13 +215,16 @@ def tokenize_ids(body: dict) -> list[int]:
     """The token ids /tokenize answers for a chat (``messages``) or a prompt body."""
     if "messages" in body:
         return tokenizer.encode_chat(messages(body))
-    return prompt_token_ids(body.get("prompt"), add_bos=parse(TokenizeFields, body).add_special_tokens)
+    ids = prompt_token_ids(body.get("prompt"), add_bos=parse(TokenizeFields, body).add_special_tokens)
+    check_vocabulary(ids, tokenizer.VOCAB_SIZE)
+    return ids
 
 
 def detokenize_ids(body: dict) -> list[int]:
     """The token ids of a /detokenize body, all within the vocabulary."""
     tokens = parse(DetokenizeFields, body).tokens
-    check_vocabulary(tokens, "tokens")
+    check_non_negative(tokens, "tokens")
+    check_vocabulary(tokens, tokenizer.VOCAB_SIZE)
     return tokens
 
 
@@ -233,11 +242,22 @@ def prompt_token_ids(prompt: object, add_bos: bool) -> list[int]:
     if isinstance(prompt, str):
         return tokenizer.encode(prompt, add_bos=add_bos)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        check_vocabulary(prompt, "prompt")
+        check_non_negative(prompt, "prompt")
         return list(prompt)
     raise ApiError(400, "prompt must be a string or a list of token ids (one prompt per request).", param="prompt")
 
 
-def check_vocabulary(ids: list[int], param: str) -> None:
-    if any(not 0 <= t < tokenizer.VOCAB_SIZE for t in ids):
-        raise ApiError(400, f"Token id out of vocabulary (0 <= id < {tokenizer.VOCAB_SIZE}).", param=param)
+def check_non_negative(ids: list[int], param: str) -> None:
+    """vLLM's request models take token ids >= 0: a negative one fails their validation (a 400 before all else)."""
+    if ids and min(ids) < 0:
+        index = next(i for i, t in enumerate(ids) if t < 0)
+        raise ApiError(400, "Input should be greater than or equal to 0", err_type="Bad Request",
+                       param=f"body.{param}.{index}")
+
+
+def check_vocabulary(ids: list[int], vocab_size: int, in_stream: bool = False) -> None:
+    """vLLM's engine input check, with its message: the largest id (one pass, cheap) must be below the
+    vocabulary's size. Its engine raises it, so a stream's 200 has gone out first (``in_stream``)."""
+    top = max(ids, default=0)
+    if top >= vocab_size:
+        raise ApiError(400, f"Token id {top} is out of vocabulary", in_stream=in_stream)

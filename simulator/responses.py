@@ -62,6 +62,12 @@ def sse_tail(sse: SseFormatter, prompt_tokens: int, completion_tokens: int, incl
     return (sse.usage(prompt_tokens, completion_tokens) if include_usage else "") + "data: [DONE]\n\n"
 
 
+def sse_error(body: dict) -> str:
+    """A stream that failed after its 200: the error event, then [DONE]. vLLM dumps this one with json.dumps'
+    default separators (a space after each colon and comma), unlike its token chunks."""
+    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n"
+
+
 def request_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 

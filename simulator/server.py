@@ -47,7 +47,8 @@ class SimulatorServer:
         self.engine = deployment.new_engine()
         self.realtime = RealtimeEngine(self.engine)
         self.created = int(time.time())
-        self.served = protocol.ServedModel((self.config.name, self.config.model), deployment.max_model_len)
+        self.served = protocol.ServedModel((self.config.name, self.config.model), deployment.max_model_len,
+                                           deployment.vocab_size)
         self._faults = FaultInjector(self.config)
         self._request_seeds = itertools.count(self.config.seed * 1_000_003)
         self._ground_truth = GroundTruthLog(self.config.ground_truth_log)
@@ -115,6 +116,8 @@ class SimulatorServer:
         try:
             return await handler(request)
         except ApiError as exc:
+            if exc.in_stream:
+                return await _error_stream(request, exc)
             return _json_response(exc.body(), status=exc.status)
         except web.HTTPException as exc:
             if exc.status < 400:
@@ -204,10 +207,7 @@ class SimulatorServer:
 
     async def _stream(self, request: web.Request, gen: GenerationRequest, stream: RequestStream, request_id: str,
                       seed: int, cut_after: int | None, timing: RequestTiming) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        if request.version >= (1, 1):
-            response.enable_chunked_encoding()
-        await response.prepare(request)
+        response = await _event_stream(request)
         sse = SseFormatter(gen.chat, request_id, int(timing.arrival), self.config.name)
         sink = _TokenSink(request.transport, response.chunked, sse, seed, timing, cut_after)
         stream.sink = sink.push
@@ -264,6 +264,23 @@ class _TokenSink:
             self.timing.outcome = "cut"
             self.transport.close()  # abrupt: no terminating chunk, no [DONE]
             self.done.set_result(False)
+
+
+async def _event_stream(request: web.Request) -> web.StreamResponse:
+    """A 200 SSE response, its head sent."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    if request.version >= (1, 1):
+        response.enable_chunked_encoding()
+    await response.prepare(request)
+    return response
+
+
+async def _error_stream(request: web.Request, error: ApiError) -> web.StreamResponse:
+    """vLLM's answer to an error its engine raises once a stream has begun: HTTP 200, the error event, [DONE]."""
+    response = await _event_stream(request)
+    await response.write(responses.sse_error(error.body()).encode())
+    await response.write_eof()
+    return response
 
 
 async def _until(deadline: float) -> None:

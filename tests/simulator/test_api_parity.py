@@ -89,6 +89,32 @@ def test_sampling_values_in_range_are_accepted(tiny):
     assert reply.status_code == 200
 
 
+OUT_OF_VOCABULARY = {"error": {"message": "Token id 12000 is out of vocabulary", "type": "BadRequestError",
+                               "param": None, "code": 400}}
+
+
+def test_a_prompt_id_out_of_the_vocabulary_is_vllms_400_and_in_a_stream_its_error_event(simulator):
+    # real vLLM 0.32, asked for [5, 7999, 12000, 9000] by a model of 8,000 tokens: the largest id is named
+    sim = simulator("--profile", "tiny", "--vocab-size", "8000")
+    ids = [5, 7999, 12000, 9000]
+    plain = complete(sim, prompt=ids, max_tokens=2)
+    assert (plain.status_code, plain.json()) == (400, OUT_OF_VOCABULARY)
+    streamed = complete(sim, prompt=ids, max_tokens=2, stream=True)
+    assert streamed.status_code == 200 and streamed.headers["Content-Type"].startswith("text/event-stream")
+    assert streamed.text == f"data: {json.dumps(OUT_OF_VOCABULARY)}\n\ndata: [DONE]\n\n"
+    assert complete(sim, prompt=[5, 7999], max_tokens=2).status_code == 200
+    assert complete(sim, prompt=[5, 7999], max_tokens=2, stream=True).text.endswith("data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize(("profile", "vocab_size"), [("h100-llama-3.1-8b", 128256), ("tiny", 32000)])
+def test_each_profile_has_its_models_vocabulary(simulator, profile, vocab_size):
+    sim = simulator("--profile", profile)
+    assert complete(sim, prompt=[vocab_size - 1], max_tokens=1).status_code == 200
+    refused = complete(sim, prompt=[vocab_size], max_tokens=1)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == f"Token id {vocab_size} is out of vocabulary"
+
+
 @pytest.mark.parametrize("tokens", [["a"], [1.5], "abc", [[1, 2]], None])
 def test_detokenize_takes_integer_token_ids_only(tiny, tokens):
     reply = requests.post(tiny.url + "/detokenize", json={"tokens": tokens}, timeout=5)

@@ -32,6 +32,7 @@ def serve(*flags: str) -> subprocess.CompletedProcess:
     (["--gpu-memory-utilization", "0.25"], "gpu_memory_utilization", 2),
     (["--gpu-memory-utilization", "0.3"], "To serve at least one request with the models's max seq len (131072)", 2),
     (["--max-model-len", "200000"], "--max-model-len: 200000 is greater than the derived max_model_len", 2),
+    (["--vocab-size", "0"], "--vocab-size: Input should be greater than 0", 2),
 ])
 def test_bad_flags_give_one_line_naming_the_field_and_exit_2(flags, field, code):
     result = serve(*flags)

@@ -23,7 +23,7 @@ from simulator.protocol import (
 )
 from simulator.responses import SseFormatter, completion_body, models_body, sse_tail
 
-SERVED = ServedModel(("served", "org/model"), max_model_len=64)
+SERVED = ServedModel(("served", "org/model"), max_model_len=64, vocab_size=8000)
 
 
 def error_of(body: dict, chat: bool = False) -> ApiError:
@@ -56,7 +56,8 @@ def test_lax_types_as_vllm_reads_them():
     ({"prompt": "x", "model": "other"}, 404, "model", "The model `other` does not exist."),
     ({"prompt": "x", "stream": "maybe"}, 400, None, "1 validation error"),
     ({"prompt": []}, 400, "prompt", "The decoder prompt cannot be empty"),
-    ({"prompt": [tokenizer.VOCAB_SIZE]}, 400, "prompt", "out of vocabulary"),
+    ({"prompt": [5, 12000, 9000]}, 400, None, "Token id 12000 is out of vocabulary"),
+    ({"prompt": [5, -1]}, 400, "body.prompt.1", "Input should be greater than or equal to 0"),
     ({"prompt": 5}, 400, "prompt", "prompt must be a string or a list of token ids"),
     ({"prompt": "x", "max_tokens": 65}, 400, "max_tokens",
      "max_tokens=65 cannot be greater than max_model_len=64. Please request fewer output tokens. "
@@ -73,6 +74,19 @@ def test_bad_completion_requests_get_vllms_status_and_message(body, status, para
     assert (error.status, error.param) == (status, param)
     assert text in error.message
     assert error.body()["error"]["code"] == status
+
+
+def test_the_vocabulary_is_the_served_models_and_its_refusal_comes_in_the_stream_after_every_other_check():
+    assert generation_request({"prompt": [0, 7999], "max_tokens": 1}, False, SERVED).prompt_ids == [0, 7999]
+    streamed = error_of({"prompt": [8000], "max_tokens": 1, "stream": True})
+    assert streamed.in_stream and streamed.body() == {"error": {
+        "message": "Token id 8000 is out of vocabulary", "type": "BadRequestError", "param": None, "code": 400}}
+    assert not error_of({"prompt": [8000], "max_tokens": 1}).in_stream
+    # vLLM checks sampling before its engine sees the ids: that 400 comes first, stream or not
+    first = error_of({"prompt": [8000], "max_tokens": 1, "stream": True, "top_p": 0})
+    assert (first.param, first.in_stream) == ("top_p", False)
+    # a tokenizer's own ids (text prompts, chat) are not checked against the served vocabulary
+    assert generation_request({"prompt": "one two"}, False, SERVED).prompt_ids[0] == tokenizer.BOS_ID
 
 
 def test_a_chat_needs_a_list_of_messages():
