@@ -5,6 +5,14 @@ adds one ITL gap (now - previous chunk); E2E = last token chunk - send; TPOT = (
 usage.completion_tokens. In open-loop modes "send" is the *scheduled* arrival, so a lagging generator shows up
 as latency (no coordinated omission); the dispatch lag (actual - scheduled send) is recorded separately.
 
+A token chunk is, as `vllm bench serve` counts them, every stream event with a non-empty ``choices`` list,
+``"text":""`` included (vLLM sends those for a token that ends inside a UTF-8 character), but for one: the chat
+stream's opening role chunk (``"delta":{"role":"assistant","content":""}``), which vLLM sends with the first
+token and which carries none (`vllm bench serve` would take it for the first token). An error event inside a
+200 stream (vLLM's answer to, e.g., a prompt id out of the vocabulary once a stream has begun) ends the request
+as an HTTP error of the event's code would: outcome http_error, status = that code (an event without an HTTP
+status for its code: truncated, with its message).
+
 Uses loadgen.http: sent_s is taken just before the request is written, and each chunk is timed by the kernel's
 receive timestamp, so the generator's own scheduling delays stay out of the figures (Locust's own timing would
 stop at the response headers). No Locust import here, so it is testable on its own.
@@ -51,7 +59,7 @@ class RequestRecord:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     outcome: str = "aborted"
-    status: int | None = None
+    status: int | None = None  # the HTTP status, or the code of an error event in a 200 stream
     error: str | None = None
     read_lag_s: float | None = None  # a read minus the kernel's receive time of its data, mean over the body's reads
     schema_version: int = RECORD_SCHEMA_VERSION
@@ -81,6 +89,7 @@ class TokenStream:
         self.usage: dict | None = None
         self.done = False
         self.error: str | None = None
+        self.error_code: int | None = None  # an error event's code (vLLM's: the HTTP status it stands for)
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Body bytes that arrived at ``now``: every event they complete is read (an event may span reads,
@@ -108,21 +117,19 @@ class TokenStream:
                 self._parsed(json.loads(payload), now)
 
     def _plain_token(self, data: bytes) -> bool:
-        """A compact token chunk (vLLM's own JSON) with non-empty text, told apart without parsing it (``data``:
-        one event, whole or its JSON alone).
+        """A compact token chunk (vLLM's own JSON), told apart without parsing it (``data``: one event, whole or
+        its JSON alone): its choice's text key is there, whatever the text.
 
         json.loads per token is a tenth of the client's CPU at high rates; anything unusual (usage, errors, JSON
-        with spaces after colons, where the key is not found) takes the parsing path instead.
+        with spaces after colons, where the key is not found, chat's role chunk) takes the parsing path instead.
         """
-        if b'"usage"' in data or b'"error"' in data:
+        if b'"usage"' in data or b'"error"' in data or (self.chat and b'"role"' in data):
             return False
-        key = self._key
-        start = data.find(key) + len(key)
-        return start >= len(key) and start < len(data) and data[start] != 34  # 34: '"', an empty text
+        return self._key in data
 
     def _parsed(self, data: dict, now: float) -> None:
         if "error" in data:
-            self.error = str(data["error"])[:200]
+            self._note_error(data["error"])
         if data.get("usage"):
             self.usage = data["usage"]
         choices = data.get("choices")
@@ -137,9 +144,17 @@ class TokenStream:
         self.last = now
 
     def _has_token(self, choice: dict) -> bool:
-        # a chat stream opens with a role-only chunk (content ""), which carries no token
-        text = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
-        return bool(text)
+        # a chat stream opens with a role chunk (content ""), which carries no token; any other choice does
+        delta = (choice.get("delta") or {}) if self.chat else {}
+        return not ("role" in delta and not delta.get("content"))
+
+    def _note_error(self, error: object) -> None:
+        """vLLM's error object ({"message", "type", "param", "code"}); its code when it is an HTTP status."""
+        fields = error if isinstance(error, dict) else {}
+        code = fields.get("code")
+        self.error = str(fields.get("message", error))[:200]
+        if isinstance(code, int) and 400 <= code <= 599:
+            self.error_code = code
 
 
 def measure(connection: Connection, target: Target, record: RequestRecord, extra_headers: dict[str, str],
@@ -193,6 +208,9 @@ def _read_stream(connection: Connection, headers: dict[str, str], target: Target
     finally:
         _fill_timing(record, stream.first, stream.last, stream.gaps)
         record.read_lag_s = connection.read_lag_s()
+    if stream.error_code is not None:  # answered as if by HTTP: rejected() and the back-off see the code
+        record.status = stream.error_code
+        return _finish(record, "http_error", error=stream.error)
     if stream.error:
         return _finish(record, "truncated", error=stream.error)
     if not stream.done or stream.usage is None or stream.first is None:

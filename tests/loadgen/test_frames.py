@@ -1,16 +1,19 @@
 """The HTTP client's framing without a server process: chunked transfer over a loopback socket fed canned bytes,
-and the SSE token stream fed arbitrary splits (frames across reads, several per read, [DONE], errors)."""
+and the SSE token stream fed arbitrary splits (frames across reads, several per read, [DONE], errors) and what it
+counts as a token (every event with choices, as `vllm bench serve`, but chat's opening role chunk)."""
 
 from __future__ import annotations
 
 import json
 import socket
 import threading
+import time
 
 import pytest
 
 from loadgen.http import Connection, Endpoint, StreamBroken, encode_request
-from loadgen.request import TokenStream
+from loadgen.request import RequestRecord, TokenStream, measure
+from loadgen.target import Target
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -19,6 +22,10 @@ def token(text: str, usage: dict | None = None, chat: bool = False) -> bytes:
     choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
     data = {"id": "x", "choices": [choice] if text is not None else [], "usage": usage}
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+# what vLLM opens a chat stream with, beside the first token: a role and no content
+ROLE_CHUNK = b'data: {"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
 
 
 def chunked(*frames: bytes) -> bytes:
@@ -101,7 +108,7 @@ def test_sse_events_split_across_and_packed_into_reads(size):
 def test_sse_times_each_token_by_the_read_that_completed_it():
     stream = TokenStream(chat=True)
     first, second = token("hi", chat=True), token(" there", chat=True)
-    stream.feed(token("", chat=True), 1.0)  # chat's role-only opening chunk carries no token
+    stream.feed(ROLE_CHUNK, 1.0)  # chat's role-only opening chunk carries no token
     stream.feed(first[:5], 2.0)
     stream.feed(first[5:] + second[:-1], 3.0)
     stream.feed(second[-1:], 4.5)
@@ -112,13 +119,38 @@ def test_sse_error_event_and_spaced_json_take_the_parsing_path():
     stream = TokenStream(chat=False)
     stream.feed(b'data: {"choices": [{"text": "x"}]}\n\n', 1.0)  # not vLLM's compact JSON
     stream.feed(b'data: {"error": {"message": "boom"}}\n\n', 2.0)
-    assert stream.first == 1.0 and "boom" in (stream.error or "") and not stream.done
+    assert (stream.first, stream.error, stream.error_code, stream.done) == (1.0, "boom", None, False)
+    # vLLM's own, as it writes an error once a stream has begun: its code is the HTTP status it stands for
+    stream.feed(b'data: {"error": {"message": "Token id 9000 is out of vocabulary", "type": "BadRequestError", '
+                b'"param": null, "code": 400}}\n\ndata: [DONE]\n\n', 3.0)
+    assert (stream.error, stream.error_code, stream.done) == ("Token id 9000 is out of vocabulary", 400, True)
 
 
-def test_sse_comments_and_empty_text_are_not_tokens():
+def test_sse_comments_are_not_tokens_and_an_empty_text_is_one():
     stream = TokenStream(chat=False)
     stream.feed(b": keep-alive\n\n" + token("") + b"data: [DONE]\n\n", 1.0)
-    assert stream.first is None and stream.done
+    assert stream.first == 1.0 and stream.done
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_stream_with_empty_texts_is_timed_by_every_chunk_as_vllm_bench_serve_times_it(chat):
+    # vLLM sends "text":"" for a token that ends inside a UTF-8 character: it is a token all the same
+    texts = ["ab", "", "c", "", "", "d"]
+    events = [token(text, chat=chat) for text in texts]
+    usage = token(None, usage={"prompt_tokens": 3, "completion_tokens": len(texts)})
+    opening = [ROLE_CHUNK] if chat else []
+    endpoint, thread = canned_server(HEAD + chunked(*opening, *events, usage, b"data: [DONE]\n\n"))
+    target = Target(url=f"http://{endpoint.host_header}{endpoint.path}", headers={}, body={"prompt": [1, 2, 3]},
+                    chat=chat, stream=True, prompt_tokens=3, output_tokens=len(texts), timeout_s=5)
+    connection = Connection(target.endpoint, timeout_s=5)
+    try:
+        record = measure(connection, target, RequestRecord("r", 0, scheduled_s=time.time()), {})
+    finally:
+        connection.close()
+        thread.join(timeout=5)
+    assert record.outcome == "ok", record.error
+    assert len(record.itl_s) == len(texts) - 1  # the first chunk is TTFT, each later one a gap
+    assert record.tpot_s is not None
 
 
 def test_sse_events_with_other_fields_or_no_data_are_not_taken_for_tokens():
