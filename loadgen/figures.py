@@ -60,7 +60,7 @@ class RunFigures:
         if record.ttft_s is not None and record.e2e_s is not None:
             self.ttft.append(record.ttft_s)
             self.e2e.append(record.e2e_s)
-        if record.tpot_s:  # None for a one-token request
+        if record.tpot_s is not None:  # None for a one-token request; 0.0 (tokens in one read) counts
             self.tpot.append(record.tpot_s)
         self.itl.add(record.itl_s)
 

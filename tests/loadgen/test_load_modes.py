@@ -13,6 +13,7 @@ import pytest
 from loadgen.metrics import HISTOGRAMS
 from tests.conftest import run_load
 from tests.loadgen.support import merged_samples, per_worker_stats
+from tests.stubs import HttpStub, Reply, json_reply
 
 pytestmark = pytest.mark.e2e
 
@@ -120,3 +121,23 @@ def test_a_closed_loop_obeys_littles_law(simulator, tmp_path):
     # one population for every request figure: the requests completed ok in the window
     assert summary["e2e"]["count"] == summary["ttft"]["count"] == summary["completed"]
     assert summary["offered_rate_rps"] is None and summary["failure"] is None
+
+
+def test_tokens_that_arrive_together_give_a_tpot_of_0_which_the_summary_counts(tmp_path):
+    # a server that writes each whole stream at once: every chunk comes in one read, so E2E = TTFT and TPOT = 0
+    events = [json.dumps({"id": "c", "choices": [{"index": 0, "text": text}]}) for text in ("a", "b", "c", "d")]
+    events.append(json.dumps({"id": "c", "choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": 4}}))
+    stream = "".join(f"data: {event}\n\n" for event in [*events, "[DONE]"]).encode()
+    models = json_reply({"object": "list", "data": [{"id": "m", "max_model_len": 4096}]})
+    stub = HttpStub(lambda _method, path: models if path == "/v1/models"
+                    else Reply(body=stream, content_type="text/event-stream")).start()
+    try:
+        result = run_load(tmp_path, {"input_tokens": 8, "output_tokens": 4, "timeout_s": 10,
+                                     "load": {"mode": "offline", "requests": 20}}, stub.url)
+    finally:
+        stub.stop()
+    assert result.returncode == 0 and result.summary["balanced"], result.output[-3000:]
+    ok = [r for r in result.records if r["outcome"] == "ok"]
+    assert len(ok) == 20 and any(r["tpot_s"] == 0.0 for r in ok)
+    # every completed request of more than one token has a TPOT, 0.0 included
+    assert result.summary["tpot"]["count"] == result.summary["completed"] == 20
