@@ -1,4 +1,9 @@
-"""`batchscope load`: run the workload spec headless with Locust (a master and N worker processes)."""
+"""`batchscope load`: run the workload spec headless with Locust (a master and N worker processes).
+
+Everything that can refuse the run is checked before Locust starts, so a refusal is one line and nothing else
+(no banner, no empty tables or CSV files): the flags, the spec, and the server (loadgen/target.py's pre-flight:
+``--host`` a URL that accepts a connection, the model, the length, the prompt ids' vocabulary, chat's words).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ from pathlib import Path
 from batchscope import exits
 from loadgen.checks import BadInput, check_host, check_out_dir, check_port, check_run_id
 from loadgen.metrics import DEFAULT_METRICS_PORT
-from loadgen.spec import SpecError, load_spec
+from loadgen.spec import SpecError, WorkloadSpec, load_spec
+from loadgen.target import build_target
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 MASTER_PORT = 5557  # Locust's default
@@ -39,16 +45,23 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run_load(args: argparse.Namespace) -> int:
-    """Check every input, then exec Locust. Bad input: one line naming the flag or field, exit status 2."""
+    """Check every input and the server, then exec Locust. Bad input, or a server that cannot take the run: one
+    line naming the flag, field or cause, exit status 2."""
     try:
         spec = load_spec(args.spec, args.overrides)
         run_id, out = check_inputs(args)
+        ids = preflight(spec, args.host)
     except (SpecError, BadInput) as exc:
         print(f"batchscope load: error: {exc}", file=sys.stderr)
         return exits.BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C during the pre-flight's requests: no run, nothing written
+        print("batchscope load: interrupted before the run started", file=sys.stderr)
+        return exits.INTERRUPTED
     command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
                "--host", args.host, "--spec", args.spec, "--run-id", run_id, "--out", str(out),
                "--metrics-port", str(args.metrics_port), "--csv", str(out / "locust"), "--stop-timeout", "0"]
+    if ids is not None:
+        command += ["--batchscope-ids", f"{ids[0]},{ids[1]}"]
     for override in args.overrides:
         command += ["--spec-set", override]
     if args.workers:
@@ -60,6 +73,13 @@ def run_load(args: argparse.Namespace) -> int:
     # become Locust: signals (Ctrl-C, SIGTERM) reach it directly and no wrapper process is left behind
     os.execv(sys.executable, command)
     return 1  # not reached
+
+
+def preflight(spec: WorkloadSpec, host: str) -> tuple[int, int] | None:
+    """The server's checks (loadgen/target.py's build_target, as the controller will make them); the completions'
+    prompt id range it probed, handed on so the vocabulary is probed once per run."""
+    target = build_target(spec, host)
+    return None if target.chat else (target.id_low, target.id_high)
 
 
 def check_inputs(args: argparse.Namespace) -> tuple[str, Path]:

@@ -54,6 +54,7 @@ class RunControl:
     request_stop: Callable[[], None]  # ask every sender to stop and send its final report
     sender_count: Callable[[], int]  # how many senders there are
     pull: Callable[[], None] | None = None  # local runner: fetch the in-process sender's report
+    ids: tuple[int, int] | None = None  # the prompt token ids `batchscope load`'s pre-flight found (None: probe)
     stats: ClientStats = field(default_factory=ClientStats)  # the live client metrics
     figures: RunFigures = field(default_factory=RunFigures)  # the summary's and the LLM tab's
     saturation: SaturationMonitor = field(default_factory=SaturationMonitor)
@@ -72,7 +73,7 @@ class RunControl:
 
         Raises SpecError when the server cannot tell the model or count a chat prompt.
         """
-        self.target = build_target(self.spec, self.host)
+        self.target = build_target(self.spec, self.host, ids=self.ids)
         self.start_s = time.time()
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,8 @@ def add_arguments(parser, **_kwargs) -> None:
     # set by the controller, read by the senders: the spec and the resolved request travel with each spawn
     parser.add_argument("--batchscope-spec", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
     parser.add_argument("--batchscope-target", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
+    # set by `batchscope load`: the prompt token ids LOW,HIGH its pre-flight probed, so they are not probed again
+    parser.add_argument("--batchscope-ids", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
     # Locust's master port has no authentication and workers receive the target with its API key: listen on
     # loopback unless told otherwise (--master-bind-host 0.0.0.0 for workers on other hosts)
     parser.set_defaults(master_bind_host="127.0.0.1")

@@ -3,6 +3,8 @@
 The layout (which prefix, and the salt that makes each request's part its own) is batchscope/prompt_layout.py's,
 shared with the tuner's what-if runs. Completions prompts are token ids drawn from the spec's seed: request n of
 worker w sends prefix (n + w) mod distinct, then the unique part with its first SALT_TOKENS ids set from (n, w).
+Every id, salt included, comes from the range the served model's vocabulary allows (prompt_layout.id_range, found
+by loadgen/target.py before the run).
 
 Chat prompts are words of WORDS, calibrated once through the server's tokenizer (loadgen/target.py), which
 must count every word as one token wherever it stands (checked there), so changing words keeps the length. The
@@ -22,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from batchscope.prompt_layout import SALT_TOKENS, draw_ids, prefix_index, salt
+from batchscope.prompt_layout import ID_HIGH, ID_LOW, SALT_TOKENS, draw_ids, prefix_index, salt
 from loadgen.spec import WorkloadSpec
 
 WORDS = ("time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school",
@@ -31,10 +33,12 @@ SALT_WORDS = 10  # (n, w) in five base-23 digits each: 6.4 million requests per 
 _MARK = "\x00prompt"
 
 
-def draw_prompt(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[list[list[int]], list[int]]:
-    """The run's shared prefixes (none without ``shared_prefix``) and the unique part every prompt varies."""
+def draw_prompt(spec: WorkloadSpec, rng: np.random.Generator,
+                ids: tuple[int, int] = (ID_LOW, ID_HIGH)) -> tuple[list[list[int]], list[int]]:
+    """The run's shared prefixes (none without ``shared_prefix``) and the unique part every prompt varies, token
+    ids from [``ids``)."""
     shared = spec.shared_prefix
-    return draw_ids(rng, spec.input_tokens, *((shared.tokens, shared.distinct) if shared else (0, 0)))
+    return draw_ids(rng, spec.input_tokens, *((shared.tokens, shared.distinct) if shared else (0, 0)), ids=ids)
 
 
 def words(numbers: Sequence[int]) -> str:
@@ -52,26 +56,29 @@ def chat_messages(prefix: Sequence[int] | None, unique: Sequence[int]) -> list[d
     return [*system, {"role": "user", "content": words(unique)}]
 
 
-def prompt_bodies(body: dict, prefixes: list[list[int]], worker: int) -> Iterator[bytes]:
+def prompt_bodies(body: dict, prefixes: list[list[int]], worker: int,
+                  ids: tuple[int, int] = (ID_LOW, ID_HIGH)) -> Iterator[bytes]:
     """Encoded bodies of one process's requests, each with its own prompt.
 
     ``body`` holds request 0's prompt before its salt: ``prompt`` (prefix 0 + the unique part) on completions,
     ``messages`` (chat_messages of prefix 0 and the unique part) on chat; any other body is sent as it is.
+    ``ids``: the token ids completions salts take their symbols from.
     """
     if "prompt" in body:
-        return _completions(body, prefixes, worker)
+        return _completions(body, prefixes, worker, ids)
     if "messages" in body:
         return _chat(body, prefixes, worker)
     return itertools.repeat(_encode(body))
 
 
-def _completions(body: dict, prefixes: list[list[int]], worker: int) -> Iterator[bytes]:
+def _completions(body: dict, prefixes: list[list[int]], worker: int, ids: tuple[int, int]) -> Iterator[bytes]:
     unique = body["prompt"][len(prefixes[0]) if prefixes else 0:]
     size = min(SALT_TOKENS, len(unique))
     head, tail = _split(body, "prompt", _MARK)
     openings = [f"{head}[{_ids(prefix)}{',' if prefix else ''}".encode() for prefix in prefixes or [[]]]
     closing = f"{',' if len(unique) > size else ''}{_ids(unique[size:])}]{tail}".encode()
-    return _join(openings, closing, worker, lambda n: _ids(salt(n, worker, size)).encode())
+    low, high = ids
+    return _join(openings, closing, worker, lambda n: _ids(salt(n, worker, size, low, high - low)).encode())
 
 
 def _chat(body: dict, prefixes: list[list[int]], worker: int) -> Iterator[bytes]:

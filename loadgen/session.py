@@ -136,9 +136,11 @@ def new_control(environment: Environment, spec: WorkloadSpec) -> RunControl:
     else:
         senders = LocalSender(environment)
         pull = senders.pull
+    low, _, high = options.batchscope_ids.partition(",")
     control = RunControl(spec=spec, run_id=options.run_id or time.strftime("%Y%m%dT%H%M%S"),
                          host=environment.host or "", out_dir=Path(options.out) if options.out else None,
-                         request_stop=senders.request_stop, sender_count=senders.count, pull=pull)
+                         request_stop=senders.request_stop, sender_count=senders.count, pull=pull,
+                         ids=(int(low), int(high)) if high else None)
     senders.control = control
     session(environment).control = control
     return control

@@ -1,27 +1,41 @@
 """Turn a workload spec into the exact request to send: resolve the model, build a prompt of exactly
 ``input_tokens`` tokens, and set ``max_tokens`` + ``ignore_eos`` so the output is exactly ``output_tokens``.
 
+This is the run's pre-flight, done before any load (by `batchscope load` before it starts Locust, and again by
+the controller): ``--host`` must be an http(s) URL whose server accepts a connection, then GET /v1/models.
+
 Every request gets a prompt of its own (loadgen/prompts.py: an optional shared prefix, then a unique part).
-Completions get token ids (exact by construction). Chat gets words calibrated through the server's /tokenize
-(its own tokenizer and chat template): once it has shown that each word is one token, the template's own count
-says how many words make the length, and one more count confirms it. A request longer than the
-server's max_model_len (from GET /v1/models) is refused here, before anything is sent: the server would reject
-every one of them.
+Completions get token ids (exact by construction) from the range the served model's vocabulary allows: a probe
+of one one-token completion of id ID_HIGH - 1, and when vLLM refuses it as out of vocabulary, a bisection (at
+most VOCAB_PROBES probes in all) for the largest id it accepts (prompt_layout.id_range). Chat gets words
+calibrated through the server's /tokenize (its own tokenizer and chat template): once it has shown that each
+word is one token, the template's own count says how many words make the length, and one more count confirms
+it. A request longer than the server's max_model_len (from GET /v1/models) is refused here, before anything is
+sent: the server would reject every one of them.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
+from urllib.parse import urlsplit
 
 import numpy as np
 import requests
 
+from batchscope.prompt_layout import ID_HIGH, ID_LOW, SALT_TOKENS, id_range, salt_capacity
 from loadgen import http
 from loadgen.prompts import WORDS, chat_messages, draw_prompt, prompt_bodies
-from loadgen.spec import SpecError, WorkloadSpec
+from loadgen.spec import ConcurrencyLoad, OfflineLoad, SpecError, WorkloadSpec
+
+CONNECT_TIMEOUT_S = 10.0
+VOCAB_PROBES = 20  # one-token requests at most to find the vocabulary's end (15 bisect ID_HIGH - 1)
+OUT_OF_VOCABULARY = "out of vocabulary"  # vLLM's 400: "Token id N is out of vocabulary"
+MIN_ID_SPAN = 100  # fewer prompt ids than this: the salt's digits would be too few to tell requests apart
 
 
 @dataclass(frozen=True)
@@ -29,7 +43,8 @@ class Target:
     """Where and what to send: the URL, headers, body, and the lengths the reply must have.
 
     ``body`` holds the first prompt; ``prefixes`` are the run's shared prefixes, and ``worker`` the sending
-    process, whose requests' prompts ``next_body()`` varies.
+    process, whose requests' prompts ``next_body()`` varies. Completions' token ids, salts included, are in
+    [``id_low``, ``id_high``), the range the served vocabulary allows.
     """
 
     url: str
@@ -42,6 +57,8 @@ class Target:
     timeout_s: float
     prefixes: list[list[int]] = field(default_factory=list)
     worker: int = 0
+    id_low: int = ID_LOW
+    id_high: int = ID_HIGH
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -56,17 +73,21 @@ class Target:
 
     @cached_property
     def _bodies(self) -> Iterator[bytes]:
-        return prompt_bodies(self.body, self.prefixes, self.worker)
+        return prompt_bodies(self.body, self.prefixes, self.worker, (self.id_low, self.id_high))
 
     @cached_property
     def endpoint(self) -> http.Endpoint:
         return http.Endpoint(self.url)
 
 
-def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None = None) -> Target:
-    """Resolve everything that needs the server once, before the load starts."""
+def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None = None,
+                 ids: tuple[int, int] | None = None) -> Target:
+    """Resolve everything that needs the server once, before the load starts; raise SpecError, one line, when
+    the run cannot go ahead. ``ids``: the completions' token id range when already probed (`batchscope load`
+    hands its pre-flight's on), else the server's vocabulary is probed."""
+    base = server_url(host)
+    check_reachable(base)
     session = session or requests.Session()
-    base = host.rstrip("/")
     headers = {"Content-Type": "application/json"}
     if key := spec.resolved_api_key():
         headers["Authorization"] = f"Bearer {key}"
@@ -83,13 +104,111 @@ def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None
         body["max_completion_tokens"] = spec.output_tokens
         path = "/v1/chat/completions"
     else:
-        prefixes, unique = draw_prompt(spec, rng)
+        ids = ids or prompt_id_range(spec, partial(_probe, base, session, headers, model, spec.timeout_s))
+        prefixes, unique = draw_prompt(spec, rng, ids)
         body["prompt"] = (prefixes[0] if prefixes else []) + unique
         body["max_tokens"] = spec.output_tokens
         path = "/v1/completions"
+    low, high = ids or (ID_LOW, ID_HIGH)
     return Target(url=base + path, headers=headers, body=body, chat=spec.endpoint == "chat", stream=spec.stream,
                   prompt_tokens=spec.input_tokens, output_tokens=spec.output_tokens, timeout_s=spec.timeout_s,
-                  prefixes=prefixes)
+                  prefixes=prefixes, id_low=low, id_high=high)
+
+
+def server_url(host: str) -> str:
+    """``--host`` as the server's base URL (no trailing slash); SpecError unless it is http(s)://HOST[:PORT]."""
+    parts = urlsplit(host)
+    try:
+        parts.port  # noqa: B018 (parsing it is the check)
+    except ValueError:
+        raise SpecError(f"--host: {host!r} has no valid port (1-65535)") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        hint = f": write http://{host}" if "://" not in host else ""
+        raise SpecError(f"--host: {host!r} is not an http:// or https:// URL of the server{hint}")
+    return host.rstrip("/")
+
+
+def check_reachable(base: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """The server accepts a connection; SpecError naming why not (refused, unknown host, timed out)."""
+    parts = urlsplit(base)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or exc.__class__.__name__
+        raise SpecError(f"server: cannot connect to {base}: {reason[:1].lower()}{reason[1:]}") from None
+
+
+def prompt_id_range(spec: WorkloadSpec, probe: Callable[[int], tuple[int | None, str]]) -> tuple[int, int]:
+    """The token ids [low, high) completions prompts take on this server, ``probe(id)`` giving the (status, text)
+    of a one-token completion of that id alone.
+
+    ID_LOW..ID_HIGH when ID_HIGH - 1 is accepted, or answered anything but vLLM's out-of-vocabulary 400 (a key
+    the server wants, say: the run then shows what it answers). Else the largest accepted id is bisected for
+    and prompt_layout.id_range says the ids below it; a vocabulary too small for the run is refused.
+    """
+    if _in_vocabulary(*probe(ID_HIGH - 1)) is not False:
+        return ID_LOW, ID_HIGH
+    accepted, refused = 0, ID_HIGH - 1  # id 0: every vocabulary has it
+    for _ in range(VOCAB_PROBES - 1):
+        if refused - accepted == 1:
+            break
+        middle = (accepted + refused) // 2
+        status, text = probe(middle)
+        answer = _in_vocabulary(status, text)
+        if answer is None:
+            raise SpecError(f"server: probing its vocabulary, a completion of token id {middle} got "
+                            f"{'HTTP ' + str(status) if status else 'no answer'} ({' '.join(text.split())[:80]})")
+        accepted, refused = (middle, refused) if answer else (accepted, middle)
+    vocab_size = accepted + 1
+    ids = id_range(vocab_size)
+    check_id_span(spec, ids, vocab_size)
+    return ids
+
+
+def check_id_span(spec: WorkloadSpec, ids: tuple[int, int], vocab_size: int) -> None:
+    """Refuse a vocabulary whose ids cannot make each request's prompt its own: fewer than MIN_ID_SPAN, or a salt
+    that tells fewer requests of a worker apart than the run plans in all (offline, Poisson; a closed loop's
+    count is not known before)."""
+    low, high = ids
+    shared = spec.shared_prefix
+    size = min(SALT_TOKENS, spec.input_tokens - (shared.tokens if shared else 0))
+    capacity, planned = salt_capacity(size, high - low), planned_requests(spec)
+    line = f"server: a vocabulary of {vocab_size:,} token ids leaves {high - low:,} ids ({low}-{high - 1}) for prompts"
+    if high - low < MIN_ID_SPAN:
+        raise SpecError(f"{line}, fewer than the {MIN_ID_SPAN} the load generator needs to make each prompt its own")
+    if planned is not None and planned > capacity:
+        raise SpecError(f"{line}: {size} salt ids tell {capacity:,} requests apart, fewer than the run's {planned:,}")
+
+
+def planned_requests(spec: WorkloadSpec) -> int | None:
+    """The requests a run sends: offline's batch, Poisson's mean arrivals; None for a closed loop."""
+    load = spec.load
+    if isinstance(load, OfflineLoad):
+        return load.requests
+    if isinstance(load, ConcurrencyLoad):
+        return None
+    return math.ceil(load.rate * (spec.warmup_s + spec.duration_s))
+
+
+def _probe(base: str, session: requests.Session, headers: dict, model: str, timeout_s: float,
+           token_id: int) -> tuple[int | None, str]:
+    """(HTTP status, body text) of a non-streaming one-token completion of ``token_id`` alone; (None, why) when
+    nothing came back."""
+    body = {"model": model, "prompt": [token_id], "max_tokens": 1}
+    probe_headers = {**headers, "X-Request-Id": f"batchscope-vocabulary-probe-{token_id}"}
+    try:
+        reply = session.post(base + "/v1/completions", json=body, headers=probe_headers, timeout=timeout_s)
+    except requests.RequestException as exc:
+        return None, exc.__class__.__name__
+    return reply.status_code, reply.text[:200]
+
+
+def _in_vocabulary(status: int | None, text: str) -> bool | None:
+    """Accepted (True), refused as out of vocabulary (False), or neither (None)."""
+    if status == 200:
+        return True
+    return False if status == 400 and OUT_OF_VOCABULARY in text else None
 
 
 def list_models(base: str, session: requests.Session, headers: dict) -> list[dict] | Exception:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import ValidationError
 
-from batchscope.prompt_layout import prompt_ids
+from batchscope.prompt_layout import ID_HIGH, ID_LOW, id_range, prompt_ids
 from batchscope.secrets import mask_argv
 from loadgen.prompts import draw_prompt
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
@@ -75,7 +75,7 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) ->
                                  f"{spec.input_tokens + spec.output_tokens} > max_model_len {deployment.max_model_len}")
     engine = deployment.new_engine()
     window = WindowStats(start=spec.warmup_s)
-    run = simulate(spec, engine, repeat, on_step=window.observe)
+    run = simulate(spec, engine, repeat, on_step=window.observe, vocab_size=deployment.vocab_size)
     end = run.duration if isinstance(spec.load, OfflineLoad) else spec.warmup_s + spec.duration_s
     window.close(engine, end)
     server = window.signals(deployment.kv_plan.kv_cache_tokens)
@@ -85,18 +85,22 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) ->
                      client=client, server=server, samples=samples)
 
 
-def simulate(spec: WorkloadSpec, engine: EngineCore, repeat: int, on_step: StepObserver | None = None) -> TimedResult:
-    """The load generator's run of ``spec`` (one sender) on ``engine``'s virtual clock, its prompts included."""
+def simulate(spec: WorkloadSpec, engine: EngineCore, repeat: int, on_step: StepObserver | None = None,
+             vocab_size: int = ID_HIGH) -> TimedResult:
+    """The load generator's run of ``spec`` (one sender) on ``engine``'s virtual clock, its prompts included, on a
+    model of ``vocab_size`` tokens."""
     return run_timed(engine, _source(spec, repeat), _stop(spec), max_in_flight=_cap(spec), on_step=on_step,
-                     prompts=prompt_source(spec))
+                     prompts=prompt_source(spec, vocab_size))
 
 
-def prompt_source(spec: WorkloadSpec) -> PromptIds:
+def prompt_source(spec: WorkloadSpec, vocab_size: int = ID_HIGH) -> PromptIds:
     """The prompt ids of the load generator's requests (one sender): its shared prefixes and unique parts, drawn
-    from the spec's seed as it draws them. A chat run's words become ids in the same layout; its prompts share
-    what its completions would (the chat template's opening aside: 5 tokens on the simulator, below a block)."""
-    prefixes, unique = draw_prompt(spec, np.random.default_rng(spec.seed))
-    return functools.partial(prompt_ids, prefixes, unique)
+    from the spec's seed as it draws them, completions' from the ids its probe finds on a model of ``vocab_size``
+    tokens. A chat run's words become ids in the same layout; its prompts share what its completions would (the
+    chat template's opening aside: 5 tokens on the simulator, below a block)."""
+    ids = id_range(vocab_size) if spec.endpoint == "completions" else (ID_LOW, ID_HIGH)
+    prefixes, unique = draw_prompt(spec, np.random.default_rng(spec.seed), ids)
+    return functools.partial(prompt_ids, prefixes, unique, ids=ids)
 
 
 def _profile_and_seed(plan: Plan) -> tuple[str, int]:

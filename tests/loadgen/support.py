@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.metrics import ClientStats
@@ -25,3 +26,11 @@ def per_worker_stats(records: list[dict], summary: dict) -> dict[int, ClientStat
         record = RequestRecord(**data)
         stats.setdefault(data["worker"], ClientStats()).observe(record, in_window=in_window(record, start, end))
     return stats
+
+
+def streams_running(sim_url: str) -> bool:
+    """The run's requests are running on the simulator: more than one (the pre-flight's vocabulary probe, before
+    the run, is one)."""
+    text = requests.get(sim_url + "/metrics", timeout=5).text
+    running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
+    return bool(running) and float(running[0].split()[-1]) > 1

@@ -96,3 +96,23 @@ def test_bad_worker_flags_get_one_line_naming_the_flag(tmp_path, case):
     result = subprocess.run(command("batchscope", spec, args, tmp_path), capture_output=True, text=True, timeout=30)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and flag in lines[0] and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("host", "cause"), [
+    ("127.0.0.1:8000", "--host: '127.0.0.1:8000' is not an http:// or https:// URL of the server: write "
+                       "http://127.0.0.1:8000"),
+    ("ftp://127.0.0.1:8000", "--host: 'ftp://127.0.0.1:8000' is not an http:// or https:// URL of the server"),
+    ("http://127.0.0.1:70000", "--host: 'http://127.0.0.1:70000' has no valid port (1-65535)"),
+    ("DOWN", "server: cannot connect to DOWN: connection refused"),
+])
+def test_a_host_that_is_no_server_url_or_a_server_that_is_down_is_one_line_before_locust(tmp_path, host, cause):
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    host, cause = host.replace("DOWN", down), cause.replace("DOWN", down)
+    spec, out = tmp_path / "spec.yaml", tmp_path / "out"
+    spec.write_text(GOOD_SPEC)
+    result = subprocess.run([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec), "--host", host,
+                             "--out", str(out), "--metrics-port", str(free_port())],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert (result.stdout, result.stderr.splitlines()) == ("", [f"batchscope load: error: {cause}"])
+    assert not [path for path in out.rglob("*") if path.is_file()], "no empty CSV or summary files"

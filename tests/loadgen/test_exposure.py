@@ -14,6 +14,7 @@ import requests
 import yaml
 
 from tests.conftest import free_port, wait_until
+from tests.loadgen.support import streams_running
 
 pytestmark = pytest.mark.e2e
 SPEC = {"input_tokens": 64, "output_tokens": 40, "timeout_s": 30, "duration_s": 5,
@@ -31,11 +32,6 @@ def listeners_on(port: int) -> set[str]:
                 found.add(address)
     return found
 
-
-def streams_running(sim_url: str) -> bool:
-    text = requests.get(sim_url + "/metrics", timeout=5).text
-    running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
-    return bool(running) and float(running[0].split()[-1]) > 0
 
 
 def run_with_key(tmp_path: Path, sim_url: str, spec: dict, env: dict, workers: int) -> tuple[str, str, Path, set]:

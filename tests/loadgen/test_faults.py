@@ -6,12 +6,15 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadgen.cli import LOCUSTFILE
+from loadgen.control import FAIL_FAST_REQUESTS
 from tests.conftest import free_port, run_load, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -89,11 +92,37 @@ def test_a_server_rejecting_every_request_is_not_hammered_and_the_run_fails(simu
     result = run_load(tmp_path, {**SPEC, "model": "sim-model", "duration_s": 3, "load": load}, sim.url)
     summary = result.summary
     assert result.returncode == 4 and summary["balanced"], result.output[-3000:]
-    assert 0 < summary["started"] == summary["outcomes"]["http_error"] == server_requests(sim, "4xx") < 50
+    # the server saw one more: the pre-flight's vocabulary probe (refused too, so the run goes on to show it)
+    assert 0 < summary["started"] == summary["outcomes"]["http_error"] == server_requests(sim, "4xx") - 1 < 50
     assert failure_lines(result.output) == [
         f"run failed: all {summary['started']} finished requests were rejected with HTTP 401 "
         '({"error":"Unauthorized"})']
     assert "Traceback" not in result.output
+
+
+def test_a_stream_rejecting_every_request_in_stream_is_backed_off_and_stopped_by_the_first_rejections(simulator,
+                                                                                                    tmp_path):
+    # vLLM refuses an id out of its vocabulary inside a 200 stream: the load generator of a run that did not probe
+    # (ids 1000-29999 against 8,000 tokens, as `locust -f` is told here) must see the 400 in it, not a cut stream
+    sim = simulator("--profile", "tiny", "--vocab-size", "8000")
+    spec_path, out = tmp_path / "spec.yaml", tmp_path / "out"
+    spec_path.write_text(yaml.safe_dump({**SPEC, "duration_s": 30, "load": {"mode": "concurrency", "concurrency": 8}}))
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+                             "--spec", str(spec_path), "--host", sim.url, "--out", str(out), "--metrics-port",
+                             str(free_port()), "--batchscope-ids", "1000,30000"],
+                            capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert result.returncode == 4 and summary["balanced"], output[-3000:]
+    assert time.monotonic() - started < 20, "stopped by the first rejections, not the 30 s duration"
+    assert FAIL_FAST_REQUESTS <= summary["started"] == summary["outcomes"]["http_error"] < 50  # backed off
+    assert summary["started"] == server_requests(sim, "2xx")
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert {(r["outcome"], r["status"]) for r in records} == {("http_error", 400)}
+    assert all(r["error"].endswith("is out of vocabulary") for r in records)
+    assert failure_lines(output) == [f"run failed: all {summary['started']} finished requests were rejected with "
+                                     f"HTTP 400 ({records[0]['error']})"]
 
 
 def test_a_request_longer_than_max_model_len_is_refused_before_sending(simulator, tmp_path):
@@ -101,9 +130,9 @@ def test_a_request_longer_than_max_model_len_is_refused_before_sending(simulator
     sim = simulator("--profile", "tiny", "--max-model-len", "256", "--ground-truth-log", str(truth))
     result = run_load(tmp_path, {**SPEC, "input_tokens": 200, "output_tokens": 100}, sim.url)
     assert result.returncode == 2, result.output[-3000:]
-    errors = [line for line in result.output.splitlines() if "ERROR" in line or "error:" in line]
-    assert len(errors) == 1 and errors[0].endswith(
-        "input_tokens + output_tokens: 200 + 100 = 300 exceeds the server's max_model_len 256 for sim-model")
+    # the one line and nothing else: Locust never started (no banner, no empty tables, no CSV files)
+    assert result.output.splitlines() == ["batchscope load: error: input_tokens + output_tokens: 200 + 100 = 300 "
+                                          "exceeds the server's max_model_len 256 for sim-model"]
     assert server_requests(sim, "2xx") + server_requests(sim, "4xx") == 0
     assert not truth.exists() or truth.read_text() == ""
-    assert result.summary == {} and result.records == []
+    assert result.summary == {} and result.records == [] and not list(result.out_dir.glob("**/*.*"))

@@ -11,21 +11,16 @@ import sys
 import time
 
 import pytest
-import requests
 import yaml
 
 from tests.conftest import free_port, wait_until
+from tests.loadgen.support import streams_running
 
 pytestmark = pytest.mark.e2e
 # long streams (tiny profile: ~0.4 s each) and a long duration: the signal always lands mid-run, mid-request
 SPEC = {"input_tokens": 64, "output_tokens": 400, "timeout_s": 30, "duration_s": 600,
         "load": {"mode": "concurrency", "concurrency": 6}}
 
-
-def streams_running(sim_url: str) -> bool:
-    text = requests.get(sim_url + "/metrics", timeout=5).text
-    running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
-    return bool(running) and float(running[0].split()[-1]) > 0
 
 
 # every pair of (signal, receiver, workers) values appears once: four runs cover what eight would, in CI's time

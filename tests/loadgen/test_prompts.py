@@ -5,27 +5,36 @@ Chat prompts are calibrated with the simulator's tokenizer, the one its /tokeniz
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from batchscope.prompt_layout import prompt_ids
+from batchscope.prompt_layout import id_range, prompt_ids
 from loadgen.prompts import chat_messages, draw_prompt, prompt_bodies
 from loadgen.spec import SpecError, load_spec
 from loadgen.target import chat_prompt
 from simulator.tokenizer import encode_chat
+from tuner.whatif import prompt_source
 
 BASE = ["input_tokens=40", "output_tokens=8", "load.mode=offline", "load.requests=1"]
 
 
-def bodies(overrides: list[str], worker: int = 0, count: int = 6) -> tuple[list[list[int]], list[dict]]:
+def encoded(overrides: list[str], worker: int = 0, ids: tuple[int, int] | None = None) -> Iterator[bytes]:
     spec = load_spec(None, [*BASE, *overrides])
-    prefixes, unique = draw_prompt(spec, np.random.default_rng(spec.seed))
+    prefixes, unique = draw_prompt(spec, np.random.default_rng(spec.seed), *([ids] if ids else []))
     template = {"model": "m", "prompt": (prefixes[0] if prefixes else []) + unique, "max_tokens": 8}
-    stream = prompt_bodies(template, prefixes, worker)
-    return prefixes, [json.loads(body) for body in itertools.islice(stream, count)]
+    return prompt_bodies(template, prefixes, worker, *([ids] if ids else []))
+
+
+def bodies(overrides: list[str], worker: int = 0, count: int = 6,
+           ids: tuple[int, int] | None = None) -> tuple[list[list[int]], list[dict]]:
+    spec = load_spec(None, [*BASE, *overrides])
+    prefixes, _ = draw_prompt(spec, np.random.default_rng(spec.seed), *([ids] if ids else []))
+    return prefixes, [json.loads(body) for body in itertools.islice(encoded(overrides, worker, ids), count)]
 
 
 def test_shared_prefixes_go_round_robin_ahead_of_a_part_each_request_has_alone():
@@ -51,6 +60,33 @@ def test_the_bodies_carry_the_layout_the_what_if_runs_use():
     _, unique = draw_prompt(load_spec(None, [*BASE, "shared_prefix.tokens=16", "shared_prefix.distinct=3"]),
                             np.random.default_rng(1))
     assert [body["prompt"] for body in sent] == [prompt_ids(prefixes, unique, n, worker=2) for n in range(6)]
+
+
+def test_the_layout_is_todays_bit_for_bit_where_the_vocabulary_holds_the_usual_ids():
+    # the first 1,000 bodies of worker 2, as the load generator sent them before vocabularies were probed (what-if
+    # runs and recorded results depend on it)
+    assert id_range(128256) == id_range(30000) == (1000, 30000)
+    digest = hashlib.sha256()
+    for body in itertools.islice(encoded(["shared_prefix.tokens=16", "shared_prefix.distinct=3"], worker=2), 1000):
+        digest.update(body)
+    assert digest.hexdigest() == "2044e96a923301c238aa92cbc070dd4c780f0538c5c4f8cba263debac591bb78"
+
+
+@pytest.mark.parametrize(("vocab_size", "ids"), [(8000, (1000, 8000)), (2000, (1000, 2000)), (1999, (100, 1999)),
+                                                 (200, (100, 200))])
+def test_a_smaller_vocabulary_narrows_every_id_prefix_unique_part_and_salt_to_it(vocab_size, ids):
+    assert id_range(vocab_size) == ids
+    low, high = ids
+    shared = ["shared_prefix.tokens=16", "shared_prefix.distinct=3"]
+    prefixes, sent = bodies(shared, worker=7, count=3000, ids=ids)
+    assert all(low <= token < high for body in sent for token in body["prompt"])
+    assert all(len(body["prompt"]) == 40 for body in sent)
+    assert len({tuple(body["prompt"][16:19]) for body in sent}) == 3000, "each request's part is its own"
+    _, unique = draw_prompt(load_spec(None, [*BASE, *shared]), np.random.default_rng(1), ids)
+    assert [body["prompt"] for body in sent[:50]] == [prompt_ids(prefixes, unique, n, 7, ids=ids) for n in range(50)]
+    # a what-if run on a model of that vocabulary sends what one sender would
+    what_if = prompt_source(load_spec(None, [*BASE, *shared]), vocab_size)
+    assert [body["prompt"] for body in bodies(shared, count=50, ids=ids)[1]] == [what_if(n) for n in range(50)]
 
 
 def chat(overrides: list[str], worker: int = 0, count: int = 6) -> tuple[list[list[int]], list[list[int]]]:

@@ -7,12 +7,14 @@ import time
 from dataclasses import replace
 
 import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.http import ConnectionPool, Follow
 from loadgen.reader import StreamReader
-from loadgen.request import RequestRecord, measure
-from loadgen.spec import load_spec
-from loadgen.target import Target, build_target
+from loadgen.request import RequestRecord, measure, rejected
+from loadgen.spec import SpecError, load_spec
+from loadgen.target import VOCAB_PROBES, Target, build_target
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.e2e
@@ -109,6 +111,47 @@ def test_target_round_trips_through_json(simulator):
     target = target_for(simulator("--profile", "tiny").url, endpoint="chat")
     assert Target.from_json(target.to_json()) == target
     assert json.loads(target.to_json())["body"]["max_completion_tokens"] == 20
+
+
+def completions_served(sim) -> float:
+    """Requests the simulator answered on /v1/completions, whatever their status (its http_requests_total)."""
+    text = requests.get(sim.url + "/metrics", timeout=5).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "http_requests_total" and s.labels["handler"] == "/v1/completions")
+
+
+@pytest.mark.parametrize(("vocab_size", "ids"), [(None, (1000, 30000)), (8000, (1000, 8000)), (1500, (100, 1500))])
+def test_prompt_ids_are_drawn_from_the_vocabulary_the_server_accepts(simulator, vocab_size, ids):
+    sim = simulator("--profile", "tiny", *(["--vocab-size", str(vocab_size)] if vocab_size else []))
+    target = target_for(sim.url, **{"shared_prefix.tokens": 20})
+    assert (target.id_low, target.id_high) == ids
+    probes = completions_served(sim)
+    # one probe when ID_HIGH - 1 is in the vocabulary, else a bisection for its end, bounded
+    assert probes == 1 if vocab_size is None else 2 < probes <= VOCAB_PROBES
+    records = [send(target) for _ in range(3)]
+    assert [r.outcome for r in records] == ["ok"] * 3, records[0].error
+    low, high = ids
+    assert all(low <= token < high for token in target.body["prompt"] + target.prefixes[0])
+
+
+def test_a_vocabulary_too_small_to_tell_prompts_apart_is_refused_before_the_run(simulator):
+    sim = simulator("--profile", "tiny", "--vocab-size", "150")
+    with pytest.raises(SpecError) as refused:
+        target_for(sim.url)
+    assert str(refused.value) == ("server: a vocabulary of 150 token ids leaves 50 ids (100-149) for prompts, fewer "
+                                  "than the 100 the load generator needs to make each prompt its own")
+    offline = simulator("--profile", "tiny", "--vocab-size", "1200")
+    with pytest.raises(SpecError, match="3 salt ids tell 1,210,000 requests apart, fewer than the run's 2,000,000"):
+        target_for(offline.url, **{"load.requests": 2_000_000})
+
+
+def test_an_error_event_in_a_200_stream_ends_the_request_as_an_http_error_of_its_code(simulator):
+    sim = simulator("--profile", "tiny", "--vocab-size", "8000")
+    target = target_for(sim.url)
+    # ids a load generator that did not probe could send (1000-29999): vLLM answers 200, then the error
+    record = send(replace(target, body={**target.body, "prompt": [12000] * 50}))
+    assert (record.outcome, record.status, record.error) == ("http_error", 400, "Token id 12000 is out of vocabulary")
+    assert rejected(record) and record.first_token_s is None and record.itl_s == []
 
 
 def test_keep_alive_connections_are_reused(simulator):

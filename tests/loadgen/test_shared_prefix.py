@@ -35,7 +35,8 @@ def test_a_shared_prefix_load_hits_the_cache_for_the_shared_tokens_only(simulato
     assert result.returncode == 0, result.output[-3000:]
     ok = [r for r in result.records if r["outcome"] == "ok"]
     assert len(ok) > 2 * DISTINCT and all(r["prompt_tokens"] == INPUT for r in ok)
-    queries = counter(sim.url, "vllm:prefix_cache_queries_total")
+    # a completions run's pre-flight probes the vocabulary with a prompt of one token (no block to hit)
+    queries = counter(sim.url, "vllm:prefix_cache_queries_total") - (endpoint == "completions")
     hits = counter(sim.url, "vllm:prefix_cache_hits_total")
     scheduled, rest = divmod(queries, INPUT)  # every prompt is queried once (the one the stop cut, if scheduled)
     assert rest == 0 and scheduled >= len(ok)
