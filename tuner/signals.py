@@ -162,7 +162,7 @@ def request_samples(records_path: Path, summary: Summary) -> RequestSamples:
             continue
         samples.ttft_s.append(record.ttft_s)
         samples.e2e_s.append(record.e2e_s)
-        if record.tpot_s:
+        if record.tpot_s is not None:  # None for a one-token request; 0.0 (every token in one read) counts
             samples.tpot_s.append(record.tpot_s)
         if record.itl_s:
             samples.itl_s.append(sum(record.itl_s) / len(record.itl_s))

@@ -4,6 +4,7 @@ neighbours, Prometheus and Grafana, against a recording stub."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -13,7 +14,7 @@ from tests.tuner.support import tiny_plan
 from tuner.plan import Plan
 from tuner.progress import client_live, quantile
 from tuner.runner import PROMETHEUS_QUERIES, annotate, diff, plan_runs, query_prometheus
-from tuner.signals import MetricsPoint, cache_config, server_report, server_signals
+from tuner.signals import MetricsPoint, cache_config, request_samples, server_report, server_signals
 
 
 def test_repeats_are_interleaved_with_the_baseline_first():
@@ -106,3 +107,13 @@ def test_one_grafana_region_per_run_with_the_change_as_text(monkeypatch):
     assert request.headers["Authorization"] == "Bearer glsa_x"
     assert json.loads(request.body) == {"time": 1000000, "timeEnd": 1020500, "tags": ["batchscope", "tuner", "mns-2"],
                                         "text": "tiny mns-2-r0: max_num_seqs: vLLM default → 2"}
+
+
+def test_request_samples_keep_a_tpot_of_zero(tmp_path):
+    # a TPOT of 0.0 (every token after the first in one read) is a value; only a one-token request has none
+    records = tmp_path / "records.jsonl"
+    rows = [{"request_id": f"r{n}", "worker": 0, "scheduled_s": 10.0 + n, "end_s": 11.0 + n, "ttft_s": 0.1,
+             "e2e_s": 0.2, "tpot_s": tpot, "outcome": "ok"} for n, tpot in enumerate((0.0, 0.01, None))]
+    records.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    window = SimpleNamespace(window_start_s=0.0, effective_duration_s=100.0)
+    assert request_samples(records, window).tpot_s == [0.0, 0.01]
