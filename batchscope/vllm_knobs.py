@@ -39,7 +39,8 @@ class Knob:
         return f"{self.flag}: {self.meaning}. Unset: not passed, vLLM's default applies ({fixed}{self.default_rule})."
 
 
-# The seed's three knobs, then the two lengths they depend on (a plan's, a diff's and the flags' order).
+# The seed's three knobs, the two lengths they depend on, and the KV cache's size in blocks (a plan's, a diff's
+# and the flags' order).
 KNOBS: Final = (
     # by device memory for `vllm serve` (EngineArgs.get_batch_defaults, v0.32): >= 160 GiB, >= 70 GiB but not
     # A100, other GPUs, the CPU build (times the world size there)
@@ -54,6 +55,10 @@ KNOBS: Final = (
          "prompt + output limit, tokens"),
     Knob("block_size", 0, 1024, None, "by attention backend: 16 on CUDA, 128 on the CPU build, which takes "
          "multiples of 32 only", "tokens per KV block"),
+    # the KV cache's size in blocks, bypassing gpu_memory_utilization's sizing: how a test (or the CPU build,
+    # whose memory share is coarse) gets a cache small enough to preempt
+    Knob("num_gpu_blocks_override", 0, 100_000_000, None, "the blocks gpu_memory_utilization leaves room for",
+         "KV cache blocks, replacing the size vLLM profiles from memory"),
 )
 KNOB_NAMES: Final = tuple(knob.name for knob in KNOBS)
 BY_NAME: Final = {knob.name: knob for knob in KNOBS}

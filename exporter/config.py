@@ -37,6 +37,8 @@ class ServingConfig(BaseModel):
     gpu_memory_utilization: str = Field("", description="--gpu-memory-utilization, in (0, 1].")
     max_model_len: str = Field("", description="--max-model-len: prompt + output limit, tokens.")
     block_size: str = Field("", description="--block-size: tokens per KV block.")
+    num_gpu_blocks_override: str = Field("", description="--num-gpu-blocks-override: KV blocks replacing the size "
+                                         "profiled from memory.")
     vllm_version: str = Field("", description="vLLM version from /version.")
     other_flags: dict[str, str] = Field(default_factory=dict, description="Any other flag given, name: value "
                                         "(secret ones, e.g. api_key, hf_token, as '***').")

@@ -36,6 +36,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-num-batched-tokens", type=int, default=2048)
     serve.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     serve.add_argument("--max-model-len", type=int, help="default: the profile's model context length")
+    serve.add_argument("--num-gpu-blocks-override", type=int, metavar="N",
+                       help="KV blocks to use instead of what memory allows (a fixed cache size)")
     serve.add_argument("--block-size", type=int, help="default: the profile's device's (16 on CUDA, 128 on CPU)")
     serve.add_argument("--vocab-size", type=int, metavar="N",
                        help="simulator only: the model's vocabulary (default: the profile's); a prompt id at or "

@@ -35,6 +35,8 @@ class ServeConfig(BaseModel):
     max_model_len: int | None = Field(None, gt=0, description="Prompt + output limit; defaults to the profile's.")
     vocab_size: int | None = Field(None, gt=0, description="Simulator only: the model's vocabulary (prompt ids "
                                    "must be below it); defaults to the profile's.")
+    num_gpu_blocks_override: int | None = Field(
+        None, gt=0, description="KV blocks to use instead of what memory allows (vLLM's flag: a fixed cache size).")
     block_size: BlockSize | None = Field(
         None, description="Tokens per KV cache block; default: the profile's device's (16 on CUDA, 128 on CPU)."
     )
@@ -102,6 +104,7 @@ class Deployment:
             config.max_num_batched_tokens,
             self.block_size,
             self.max_model_len,
+            config.num_gpu_blocks_override,
         )
 
     def limits(self) -> SchedulerLimits:

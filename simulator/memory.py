@@ -27,6 +27,7 @@ class KvCachePlan:
     num_gpu_blocks: int
     max_model_len: int
     device_name: str  # as vLLM names the device in its capacity line: GPU, CPU
+    profiled_blocks: int | None = None  # the blocks memory allows, when --num-gpu-blocks-override replaced them
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -40,18 +41,24 @@ class KvCachePlan:
 
     def log_lines(self) -> list[str]:
         """vLLM's start-up lines about the KV cache, with 0.32's wording: size and concurrency on one line."""
+        overridden = [] if self.profiled_blocks is None else [
+            f"Overriding num_gpu_blocks={self.profiled_blocks} with num_gpu_blocks_override={self.num_gpu_blocks}"]
         return [
             f"Model loading took {self.weight_bytes / GIB:.2f} GiB",
             f"Available KV cache memory: {self.available_kv_bytes / GIB:.2f} GiB",
+            *overridden,
             f"{self.device_name} KV cache size: {self.kv_cache_tokens:,} tokens, Maximum concurrency for "
             f"{self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x",
         ]
 
 
 def plan_kv_cache(
-    profile: Profile, gpu_memory_utilization: float, max_num_batched_tokens: int, block_size: int, max_model_len: int
+    profile: Profile, gpu_memory_utilization: float, max_num_batched_tokens: int, block_size: int, max_model_len: int,
+    num_gpu_blocks_override: int | None = None,
 ) -> KvCachePlan:
-    """Size the KV cache; raise ValueError with vLLM's message when it cannot hold one max_model_len request."""
+    """Size the KV cache; raise ValueError with vLLM's message when it cannot hold one max_model_len request.
+
+    ``num_gpu_blocks_override`` replaces the blocks memory allows, as vLLM's flag does, before that check."""
     requested = int(profile.gpu_memory_bytes * gpu_memory_utilization)
     activation = profile.activation_peak_bytes(max_num_batched_tokens)
     available = requested - profile.weight_bytes - activation - profile.non_torch_bytes
@@ -61,7 +68,8 @@ def plan_kv_cache(
             "Try increasing `gpu_memory_utilization` when initializing the engine."
         )
     block_bytes = block_size * profile.kv_bytes_per_token
-    num_blocks = available // block_bytes
+    profiled_blocks = available // block_bytes
+    num_blocks = profiled_blocks if num_gpu_blocks_override is None else num_gpu_blocks_override
     needed_bytes = -(-max_model_len // block_size) * block_bytes
     # one block is the engine's reserved null block (as in vLLM), so a request can use num_blocks - 1
     if needed_bytes > (num_blocks - 1) * block_bytes:
@@ -82,4 +90,5 @@ def plan_kv_cache(
         num_gpu_blocks=int(num_blocks),
         max_model_len=max_model_len,
         device_name=KV_LOG_NAME[profile.device],
+        profiled_blocks=None if num_gpu_blocks_override is None else int(profiled_blocks),
     )

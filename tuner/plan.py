@@ -52,6 +52,7 @@ class ServingParams(BaseModel):
     max_num_batched_tokens: int | None = _knob("max_num_batched_tokens")
     gpu_memory_utilization: float | None = _knob("gpu_memory_utilization")
     block_size: int | None = _knob("block_size")
+    num_gpu_blocks_override: int | None = _knob("num_gpu_blocks_override")
     extra_flags: list[str] = Field(default_factory=list,
                                    description="Other `vllm serve` flags, kept identical across runs.")
 

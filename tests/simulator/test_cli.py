@@ -33,6 +33,8 @@ def serve(*flags: str) -> subprocess.CompletedProcess:
     (["--gpu-memory-utilization", "0.3"], "To serve at least one request with the models's max seq len (131072)", 2),
     (["--max-model-len", "200000"], "--max-model-len: 200000 is greater than the derived max_model_len", 2),
     (["--vocab-size", "0"], "--vocab-size: Input should be greater than 0", 2),
+    # vLLM checks the overridden cache like a profiled one: 4 blocks of 16 cannot hold 131,072 tokens
+    (["--num-gpu-blocks-override", "4"], "To serve at least one request with the models's max seq len (131072)", 2),
 ])
 def test_bad_flags_give_one_line_naming_the_field_and_exit_2(flags, field, code):
     result = serve(*flags)
@@ -54,6 +56,14 @@ def test_startup_reproduces_the_measured_kv_capacity_line(simulator):
     assert [match.groups() for match in map(KV_LINE.search, lines) if match] == [("GPU", "476,016")]
     assert "Available KV cache memory: 58.11 GiB" in log
     assert f"vLLM API server version {VLLM_VERSION} " in log and VLLM_VERSION == "0.32.0"
+
+
+@pytest.mark.e2e
+def test_num_gpu_blocks_override_sizes_the_cache_as_vllm_logs_it(simulator):
+    sim = simulator("--profile", "tiny", "--max-model-len", "1024", "--num-gpu-blocks-override", "70")
+    log = wait_until(lambda: "Application startup complete" in sim.log() and sim.log(), message="start-up log")
+    assert re.search(r"Overriding num_gpu_blocks=\d+ with num_gpu_blocks_override=70$", log, re.MULTILINE), log
+    assert [match.groups() for match in map(KV_LINE.search, log.splitlines()) if match] == [("GPU", "1,120")]
 
 
 @pytest.mark.e2e
