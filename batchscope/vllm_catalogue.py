@@ -11,7 +11,7 @@ live in batchscope.vllm_buckets.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 ENGINE_LABELS = ("model_name", "engine")  # served model name, data-parallel engine index ("0", "1", ...)
 
@@ -118,3 +118,30 @@ CATALOGUE: tuple[VllmMetric, ...] = (
     REQUEST_GENERATION_TOKENS, REQUEST_MAX_NUM_GENERATION_TOKENS, REQUEST_PARAMS_N, REQUEST_PARAMS_MAX_TOKENS,
     REQUEST_NUM_PREEMPTIONS, REQUEST_PREFILL_KV_COMPUTED_TOKENS,
 )
+
+
+# vLLM renamed three metric groups between 0.8 and 0.12 (vllm.md §1): the old family name -> today's. The prefix
+# cache counters counted blocks in 0.8 and tokens later, so only their ratio (the hit rate) carries over.
+RENAMES: Final = {
+    "vllm:gpu_cache_usage_perc": KV_CACHE_USAGE.name,
+    "vllm:gpu_prefix_cache_queries": PREFIX_CACHE_QUERIES.name,
+    "vllm:gpu_prefix_cache_hits": PREFIX_CACHE_HITS.name,
+    "vllm:time_per_output_token_seconds": INTER_TOKEN_LATENCY.name,
+}
+SAMPLE_SUFFIXES: Final = ("", "_total", "_sum", "_count", "_bucket", "_created")
+
+
+def current_sample_name(name: str) -> str:
+    """A sample's name as today's vLLM spells it: an old release's renamed family under its new name (the
+    sample's suffix kept); every other name unchanged."""
+    for old, new in RENAMES.items():
+        if name.startswith(old) and name[len(old):] in SAMPLE_SUFFIXES:
+            return new + name[len(old):]
+    return name
+
+
+def sample_aliases(name: str) -> tuple[str, ...]:
+    """A sample name as today's vLLM spells it, then as older releases did (a reader looks them up in order)."""
+    return (name, *(old + name[len(new):] for old, new in RENAMES.items()
+                    if name.startswith(new) and name[len(new):] in SAMPLE_SUFFIXES))
+

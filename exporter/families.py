@@ -1,6 +1,6 @@
 """Re-exposing scraped families: parse Prometheus text, keep one namespace, and map vLLM's renamed metrics.
 
-vLLM renamed three metric groups between 0.8 and 0.12 (../shared/reference/vllm.md §1): gpu_cache_usage_perc ->
+vLLM renamed three metric groups between 0.8 and 0.12 (batchscope.vllm_catalogue.RENAMES): gpu_cache_usage_perc ->
 kv_cache_usage_perc, gpu_prefix_cache_{queries,hits} -> prefix_cache_{queries,hits} (counted blocks in 0.8,
 tokens later), time_per_output_token_seconds -> inter_token_latency_seconds. Old names are exposed under the
 new ones so one dashboard works from vLLM 0.8 onwards; when a server exposes both (its deprecation window),
@@ -15,12 +15,7 @@ import threading
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-RENAMES = {
-    "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
-    "vllm:gpu_prefix_cache_queries": "vllm:prefix_cache_queries",
-    "vllm:gpu_prefix_cache_hits": "vllm:prefix_cache_hits",
-    "vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",
-}
+from batchscope.vllm_catalogue import RENAMES
 
 
 def parse(text: str) -> list[Metric]:

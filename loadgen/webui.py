@@ -35,6 +35,7 @@ import requests
 from flask import Response, request
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchscope.vllm_catalogue import sample_aliases
 from loadgen.control import RunControl
 from loadgen.request import OUTCOMES
 from loadgen.spec import WorkloadSpec
@@ -56,14 +57,12 @@ SERVER_TIMEOUT_S = 1.0
 # a little under the UI's 2 s poll, so one browser gets a fresh reading on every poll while several browsers
 # (each poll runs the hook, even when Locust serves its memoized answer) don't multiply the reads
 MIN_READ_INTERVAL_S = 1.5
-# sample names as the text format spells them (a counter's samples end in _total); vLLM 0.8 named the KV gauge
-# gpu_cache_usage_perc, and a server exposing both is in its deprecation window: the new name wins
-SERVER_SAMPLES = {
-    "running": ("vllm:num_requests_running",),
-    "waiting": ("vllm:num_requests_waiting",),
-    "kv": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    "preemptions": ("vllm:num_preemptions_total",),
-}
+# sample names as the text format spells them (a counter's samples end in _total), today's first, then older
+# releases' (vLLM 0.8 named the KV gauge gpu_cache_usage_perc); a server exposing both is in its deprecation
+# window: the new name wins
+SERVER_SAMPLES = {key: sample_aliases(name) for key, name in (
+    ("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
+    ("kv", "vllm:kv_cache_usage_perc"), ("preemptions", "vllm:num_preemptions_total"))}
 SAMPLE_PREFIXES = tuple(f"{name}{end}" for names in SERVER_SAMPLES.values() for name in names for end in "{ ")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
+from batchscope.vllm_catalogue import current_sample_name
 from batchscope.vllm_log import parse_capacity
 from loadgen.request import RequestRecord
 from loadgen.summary import Summary
@@ -35,13 +36,19 @@ class MetricsPoint(BaseModel):
 
 
 def parse_metrics(text: str, t: float) -> MetricsPoint:
-    """A text exposition as one point: samples summed over their labels, so several engines add up."""
-    values: dict[str, float] = defaultdict(float)
+    """A text exposition as one point: samples summed over their labels, so several engines add up, under
+    today's names (an older vLLM's renamed families mapped; when a server exposes both, the new name wins)."""
+    raw: dict[str, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if not sample.name.endswith(("_bucket", "_created")):
-                values[sample.name] += sample.value
-    return MetricsPoint(t=t, values=dict(values))
+                raw[sample.name] += sample.value
+    values = {}
+    for name, value in raw.items():
+        current = current_sample_name(name)
+        if current == name or current not in raw:
+            values[current] = value
+    return MetricsPoint(t=t, values=values)
 
 
 def cache_config(text: str) -> dict[str, str]:

@@ -32,3 +32,14 @@ def test_names_are_unique_and_counters_are_exposed_with_total():
     assert len({metric.name for metric in CATALOGUE}) == len(CATALOGUE)
     assert VllmMetric("vllm:x", "counter", "X.").exposed_name == "vllm:x_total"
     assert VllmMetric("vllm:iteration_tokens_total", "histogram", "X.").exposed_name == "vllm:iteration_tokens_total"
+
+
+def test_renamed_samples_map_both_ways_with_their_suffixes():
+    from batchscope.vllm_catalogue import RENAMES, current_sample_name, sample_aliases
+
+    assert current_sample_name("vllm:gpu_prefix_cache_hits_total") == "vllm:prefix_cache_hits_total"
+    assert current_sample_name("vllm:time_per_output_token_seconds_bucket") == "vllm:inter_token_latency_seconds_bucket"
+    assert current_sample_name("vllm:gpu_cache_usage_perc_extra") == "vllm:gpu_cache_usage_perc_extra"  # not a suffix
+    assert sample_aliases("vllm:kv_cache_usage_perc") == ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    assert sample_aliases("vllm:num_requests_running") == ("vllm:num_requests_running",)
+    assert all(current_sample_name(old) == new for old, new in RENAMES.items())

@@ -14,7 +14,14 @@ from tests.tuner.support import tiny_plan
 from tuner.plan import Plan
 from tuner.progress import client_live, quantile
 from tuner.runner import PROMETHEUS_QUERIES, annotate, diff, plan_runs, query_prometheus
-from tuner.signals import MetricsPoint, cache_config, request_samples, server_report, server_signals
+from tuner.signals import (
+    MetricsPoint,
+    cache_config,
+    parse_metrics,
+    request_samples,
+    server_report,
+    server_signals,
+)
 
 
 def test_repeats_are_interleaved_with_the_baseline_first():
@@ -117,3 +124,24 @@ def test_request_samples_keep_a_tpot_of_zero(tmp_path):
     records.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
     window = SimpleNamespace(window_start_s=0.0, effective_duration_s=100.0)
     assert request_samples(records, window).tpot_s == [0.0, 0.01]
+
+
+def vllm_08_metrics(kv: float, queries: float, new_kv: float | None = None) -> str:
+    """/metrics as vLLM 0.8 named its families (gpu_cache_usage_perc, gpu_prefix_cache_queries), optionally with
+    today's KV gauge beside (a release in its deprecation window)."""
+    text = (f'# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{{model_name="m"}} {kv}\n'
+            f'# TYPE vllm:gpu_prefix_cache_queries counter\n'
+            f'vllm:gpu_prefix_cache_queries_total{{model_name="m"}} {queries}\n')
+    if new_kv is not None:
+        text += f'# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{model_name="m"}} {new_kv}\n'
+    return text
+
+
+def test_an_older_vllms_renamed_families_read_under_todays_names():
+    # vLLM 0.8's KV gauge was read as a missing series (0.0), so a full cache was never said to be full
+    points = [parse_metrics(vllm_08_metrics(0.2, 10), 0.0), parse_metrics(vllm_08_metrics(0.97, 30), 1.0),
+              parse_metrics(vllm_08_metrics(0.5, 50), 2.0)]
+    signals = server_signals(points, 0.0, 2.0, None)
+    assert signals.kv_usage_peak == 0.97 and signals.prefix_cache_queries == 40
+    both = parse_metrics(vllm_08_metrics(0.9, 1, new_kv=0.4), 0.0)
+    assert both.values["vllm:kv_cache_usage_perc"] == 0.4 and "vllm:gpu_cache_usage_perc" not in both.values
