@@ -2,12 +2,14 @@
 
 A flag or field is secret when a word of its name says so (key, token, secret, password, as in `--api-key`,
 `--hf-token`, `api_key`; words split at "-" and "_", so `max_num_batched_tokens` is not one); its value is
-replaced by MASK. vLLM masks the same flags in its own start-up log.
+replaced by MASK. vLLM masks the same flags in its own start-up log. A command line written as one string (a
+tuner plan's command template) is masked word by word as a shell splits it.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 
 MASK = "***"
@@ -45,3 +47,19 @@ def mask_argv(argv: Sequence[str]) -> list[str]:
             continue
         masked.append(token)
     return masked
+
+
+def mask_command(command: str) -> str:
+    """A command line written as one string with every secret flag's value masked (as ``mask_argv``, the words
+    split as a shell splits them); the string unchanged when it holds no secret."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: split at whitespace, so a value after a secret flag is masked still
+        words = command.split()
+    masked = mask_argv(words)
+    return command if masked == words else " ".join(map(_quoted, masked))
+
+
+def _quoted(word: str) -> str:
+    # quoted only where shlex.split would not give the word back: `{flags}` and `***` stay as written
+    return shlex.quote(word) if not word or re.search(r"[\s'\"\\]", word) else word

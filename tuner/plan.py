@@ -9,6 +9,7 @@ field (PlanError).
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
@@ -16,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 from batchscope import run_ids, vllm_knobs
-from batchscope.secrets import mask_argv
+from batchscope.secrets import mask_argv, mask_command
 from batchscope.validation import TAGGED_UNION_ERRORS, first_error
 from loadgen.spec import WorkloadSpec
 
@@ -24,7 +25,6 @@ SCHEMA_VERSION: Final = 1
 # A plan's and a variation's name: it names folders (results/<plan>/<setting>-r<n>/) and the load run's --run-id
 NAME_PATTERN = f"^{run_ids.NAME_PATTERN}$"
 BASELINE = "baseline"  # the reference setting's name; a variation may not take it
-BACKEND_KINDS = ("simulator", "command", "docker")
 LOAD_MODES = ("concurrency", "poisson", "offline")
 # The serving parameters a variation may change: the seed's three knobs and the two lengths they depend on.
 TUNABLE = vllm_knobs.KNOB_NAMES
@@ -97,6 +97,23 @@ class CommandBackend(BaseModel):
     host: str = Field("127.0.0.1", description="Address the server listens on.")
     port: int = Field(8000, gt=0, lt=65536, description="Port the server listens on.")
     startup_timeout_s: float = Field(1800.0, gt=0, description="Deadline for /health after a start, seconds.")
+
+    @field_validator("command")
+    @classmethod
+    def _splits(cls, command: str) -> str:
+        try:
+            words = shlex.split(command)
+        except ValueError as exc:  # run without a shell, split as one would: an open quote is a bad plan
+            raise ValueError(f"does not split like a shell command line ({exc})") from None
+        if not words:
+            raise ValueError("is empty")
+        return command
+
+    @field_serializer("command")
+    def _mask_secrets(self, command: str) -> str:
+        # plan.json and every other dump: `--api-key K` in the template shows as `--api-key ***`; the process
+        # started (tuner.backends.command_argv) gets the field itself
+        return mask_command(command)
 
 
 class DockerBackend(BaseModel):
@@ -236,10 +253,19 @@ def _read_mapping(path: Path, what: str) -> dict:
     return data
 
 
+def _without_union_tags(field: str) -> str:
+    # pydantic names the union member (a backend kind, a load mode) right after the union's field, which is not
+    # what the user wrote: backend.command.command is the command backend's `command`, backend.command.port its port
+    parts = field.split(".")
+    for union in (["backend"], ["workload", "load"]):
+        if parts[:len(union)] == union and len(parts) > len(union):
+            del parts[len(union)]
+    return ".".join(parts)
+
+
 def one_line(exc: ValidationError, prefix: str = "") -> str:
     """The first validation error as 'plan: field.path: message'."""
-    # pydantic names the union member (a backend kind, a load mode) in the location: not what the user wrote
-    field, message, kind = first_error(exc, drop=(*BACKEND_KINDS, *LOAD_MODES))
+    field, message, kind = first_error(exc, field_name=_without_union_tags)
     if kind in TAGGED_UNION_ERRORS:
         message = f"kind must be one of: {exc.errors()[0].get('ctx', {}).get('expected_tags', '')}" \
             if "backend" in field.split(".") else f"mode must be one of: {', '.join(LOAD_MODES)}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchscope.secrets import MASK, is_secret, mask_argv, mask_mapping
+from batchscope.secrets import MASK, is_secret, mask_argv, mask_command, mask_mapping
 
 
 @pytest.mark.parametrize("name", ["--api-key", "--hf-token", "api_key", "GRAFANA_PASSWORD", "--grafana-passwd",
@@ -32,3 +32,18 @@ def test_mappings_are_masked_at_every_depth_and_empty_values_stay_empty():
     config = {"api_key": "sk-1", "model": "m", "load": {"token": "t", "rate": 2}, "hf_token": None}
     assert mask_mapping(config) == {"api_key": MASK, "model": "m", "load": {"token": MASK, "rate": 2},
                                     "hf_token": None}
+
+
+@pytest.mark.parametrize(("command", "masked"), [
+    ("vllm serve {model} --api-key sk-1 {flags}", "vllm serve {model} --api-key *** {flags}"),
+    ("vllm serve m --hf-token='hf 2' --api-key=sk-3 --chat-template '{a b}'",
+     "vllm serve m --hf-token=*** --api-key=*** --chat-template '{a b}'"),
+    ("vllm serve m --api-key 'sk-4", "vllm serve m --api-key ***"),  # an open quote: split at whitespace
+])
+def test_a_command_template_keeps_everything_but_secret_values(command, masked):
+    assert mask_command(command) == masked
+
+
+def test_a_command_without_secrets_is_kept_as_written():
+    command = "vllm  serve {model} --port {port} --override-generation-config '{\"temperature\": 0}'"
+    assert mask_command(command) == command

@@ -47,9 +47,12 @@ def start_tune(tmp_path: Path, plan_path: Path, *flags: str, log_name: str = "tu
                           str(tmp_path / "results"), *flags], tmp_path / log_name, new_session=True).process
 
 
-def tune(tmp_path: Path, plan_path: Path, *flags: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+def tune(tmp_path: Path, plan_path: Path, *flags: str, timeout_s: float = 120,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`batchscope tune` to the end (bounded); ``env`` adds variables to the tuner's environment."""
     return subprocess.run([sys.executable, "-m", "batchscope.cli", "tune", str(plan_path), "--results",
-                           str(tmp_path / "results"), *flags], capture_output=True, text=True, timeout=timeout_s)
+                           str(tmp_path / "results"), *flags], capture_output=True, text=True, timeout=timeout_s,
+                          env={**os.environ, **env} if env else None)
 
 
 def run_files(plan_dir: Path) -> dict[str, dict]:
