@@ -203,8 +203,11 @@ class ProcessServer:
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            preexec_fn=die_with_parent)
+            try:
+                self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+            except OSError as exc:  # not found, not executable: a start that failed, as one line
+                raise StartFailed(f"cannot run {command_line[0]}: {exc.strerror}", [], command_line) from None
         try:
             wait_healthy(url, self.startup_timeout_s, self._exit_reason, self.log_tail, command_line)
         except BaseException:  # a failed start, or Ctrl-C while waiting: no server is left behind either way

@@ -6,7 +6,8 @@
     batchscope tune examples/one-knob.yaml --scenario server --what-if   # MLPerf Server: highest Poisson rate
     batchscope report results/one-knob
 
-Exit status: 0 the plan ran (failed runs are recorded, not fatal), 2 bad input, 130 interrupted.
+Exit status: 0 the plan ran (failed runs are recorded, not fatal), 2 bad input (an unwritable --results folder
+too), 4 nothing could be compared (every baseline run failed, or every variation's), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from pathlib import Path
 from batchscope import exits
 from tuner.plan import Plan, PlanError, load_plan
 from tuner.progress import Progress
-from tuner.results import PLAN_FILE
-from tuner.runner import Interrupted, StopOnSignal, plan_runs, run_plan
+from tuner.results import PLAN_FILE, CannotWrite, check_writable, load_results
+from tuner.runner import Interrupted, StopOnSignal, nothing_compared, plan_runs, run_plan
 from tuner.scenarios import SCENARIOS, describe, run_scenario
 
 WHAT_IF_SUFFIX = ".what-if"  # what-if results sit beside the real-time ones, never mixed with them
@@ -58,6 +59,13 @@ def run_tune(args: argparse.Namespace) -> int:
         return _error(str(exc))
     plan_dir = results / (plan.name + (WHAT_IF_SUFFIX if args.what_if else ""))
     live_file = Path(args.live_file) if args.live_file else None
+    # an unusable folder is bad input, found before any server starts (not a traceback at a run's first file)
+    folders = [("--live-file", live_file.parent)] if live_file else []
+    for flag, folder in [*folders, ("--results", plan_dir)]:
+        try:
+            check_writable(folder)
+        except CannotWrite as exc:
+            return _error(f"{flag}: {exc}")
     if args.scenario:
         return run_mlperf(args, plan, plan_dir, live_file)
     try:
@@ -75,8 +83,12 @@ def run_tune(args: argparse.Namespace) -> int:
           f"results in {plan_dir}")
     try:
         _print_report(plan_dir)
-    except ValueError as exc:  # the runs stand; the report says why it cannot compare them
+    except (ValueError, CannotWrite) as exc:  # the runs stand; the report says why it cannot compare them
         print(f"batchscope tune: no report: {exc}", file=sys.stderr)
+    problem = nothing_compared(plan, load_results(plan_dir))  # this call's runs and those done before (--resume)
+    if problem:
+        print(f"batchscope tune: error: {problem}", file=sys.stderr)
+        return exits.RUN_FAILED
     return exits.OK
 
 
@@ -104,7 +116,7 @@ def run_report(args: argparse.Namespace) -> int:
         return _error(f"{plan_dir}: no {PLAN_FILE} (not a results/<plan> folder)", "report")
     try:
         _print_report(plan_dir)
-    except ValueError as exc:  # no finished run, or runs whose locked conditions differ (ConditionsDiffer)
+    except (ValueError, CannotWrite) as exc:  # no finished run, runs whose conditions differ, a folder it cannot write
         return _error(str(exc), "report")
     return exits.OK
 

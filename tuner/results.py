@@ -8,8 +8,11 @@ fill the same fields from the simulator's virtual clock. Units are seconds, toke
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import platform
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal, NotRequired, TypedDict
@@ -150,15 +153,41 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
+class CannotWrite(OSError):
+    """The OS refused a results file or folder: ``filename`` is the one meant, ``strerror`` the OS's reason."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
+def check_writable(folder: Path) -> None:
+    """Create the folder (and its parents) unless it is there, and a file in it, dropped at once: CannotWrite
+    before anything runs, rather than a traceback at the first file a run writes."""
+    try:
+        if folder.exists() and not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise CannotWrite(exc.errno, exc.strerror, str(folder)) from None
+
+
 def write_atomically(path: Path, text: str) -> None:
-    """Write a file so that readers see the old content or the whole new one, never a part (crash-safe)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write a file so that readers see the old content or the whole new one, never a part (crash-safe);
+    CannotWrite naming the file when the OS refuses (its temporary removed)."""
     temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(temporary, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # there may be none, or one that cannot be removed either
+            temporary.unlink()
+        raise CannotWrite(exc.errno, exc.strerror, str(path)) from None
 
 
 def save(result: RunResult, plan_dir: Path) -> Path:

@@ -36,7 +36,7 @@ from batchscope.live_run import LiveRun
 from batchscope.vllm_log import failure_cause
 from tuner.backends import CAUSE_LINES, Server, StartFailed, die_with_parent, make_server, stop_process, tail
 from tuner.compare import changed_params
-from tuner.plan import Plan, PlanError, ServingParams
+from tuner.plan import BASELINE, Plan, PlanError, ServingParams
 from tuner.progress import Progress, read_client
 from tuner.results import PLAN_FILE, RUN_FILE, RunResult, RunStart, now_iso, run_name, save, write_atomically
 from tuner.signals import MetricsPoint, client_figures, parse_metrics, read_summary, request_samples, server_signals
@@ -118,6 +118,18 @@ def run_plan(plan: Plan, plan_dir: Path, *, resume: bool, what_if: bool, live_fi
         progress.note(f"run {run.index}/{progress.total} {run.name}: {result.status}"
                       + (f" ({result.failure})" if result.failure else ""))
     return done
+
+
+def nothing_compared(plan: Plan, results: list[RunResult]) -> str | None:
+    """Why a plan's finished runs compare nothing, in one line: every baseline run failed, or every variation's
+    did; None when a variation can be compared with the baseline (or the plan has only the baseline)."""
+    ok = {result.setting for result in results if result.status == "ok"}
+    if BASELINE not in ok:
+        failure = next((r.failure for r in results if r.setting == BASELINE and r.failure), "no reason recorded")
+        return f"the baseline failed in every run ({failure}): nothing to compare with"
+    if plan.variations and ok == {BASELINE}:
+        return "every variation failed: nothing was compared with the baseline"
+    return None
 
 
 def what_if_run(plan: Plan, run: PlannedRun, progress: Progress) -> RunResult:

@@ -56,7 +56,7 @@ def test_a_failed_start_is_recorded_with_its_cause_and_the_command_line_run(tmp_
     plan = tiny_plan(backend={"kind": "command", "command": template, "port": free_port(), "startup_timeout_s": 30},
                      variations=[])
     result = tune(tmp_path, write_plan(tmp_path, plan))
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 4, result.stderr  # recorded; with no baseline, nothing was compared
     failed = run_files(tmp_path / "results" / "tiny")["baseline-r0"]
     assert failed["status"] == "failed" and failed["failure"] == f"server exited with status 1: {CAUSE}"
     assert failed["command_line"][1:3] == ["-c", code] and failed["command_line"][-2:] == ["--api-key", "***"]
@@ -91,3 +91,40 @@ def test_a_refused_start_is_recorded_and_the_plan_goes_on(tmp_path):
     for name in ("spec.yaml", "load/summary.json", "load/records.jsonl", "metrics-before.prom",
                  "metrics-after.prom", "metrics-samples.jsonl", "server.log"):
         assert (run_dir / name).is_file(), name
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["real-time", "what-if"])
+def test_a_plan_whose_baseline_failed_exits_4_with_its_runs_recorded(tmp_path, mode):
+    # a KV cache that cannot hold one request: the simulator refuses to start, as vLLM does
+    plan = tiny_plan(baseline={"model": "sim-model", "max_model_len": 1024, "gpu_memory_utilization": 0.05})
+    result = tune(tmp_path, write_plan(tmp_path, plan), *(["--what-if"] if mode == "what-if" else []))
+    assert result.returncode == 4, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("batchscope tune: error: the baseline failed in every run (") and "Traceback" not in \
+        result.stderr
+    runs = run_files(next((tmp_path / "results").iterdir()))
+    assert set(runs) == {"baseline-r0", "mns-2-r0"} and {run["status"] for run in runs.values()} == {"failed"}
+    assert runs["baseline-r0"]["failure"] in last
+
+
+@pytest.mark.e2e
+def test_a_plan_whose_every_variation_failed_exits_4(tmp_path):
+    plan = tiny_plan(variations=[{"name": "gmu-0.05", "set": {"gpu_memory_utilization": 0.05}}])
+    result = tune(tmp_path, write_plan(tmp_path, plan), "--what-if")
+    assert result.returncode == 4, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == \
+        "batchscope tune: error: every variation failed: nothing was compared with the baseline"
+    runs = run_files(tmp_path / "results" / "tiny.what-if")
+    assert (runs["baseline-r0"]["status"], runs["gmu-0.05-r0"]["status"]) == ("ok", "failed")
+
+
+@pytest.mark.e2e
+def test_a_command_that_cannot_be_run_is_a_failed_start_not_a_traceback(tmp_path):
+    plan = tiny_plan(backend={"kind": "command", "command": "no-such-vllm-7c1e serve {model} --port {port} {flags}",
+                              "port": free_port(), "startup_timeout_s": 30}, variations=[])
+    result = tune(tmp_path, write_plan(tmp_path, plan))
+    assert result.returncode == 4 and "Traceback" not in result.stderr, result.stderr
+    failed = run_files(tmp_path / "results" / "tiny")["baseline-r0"]
+    assert failed["failure"] == "cannot run no-such-vllm-7c1e: No such file or directory"
+    assert failed["command_line"][:2] == ["no-such-vllm-7c1e", "serve"]

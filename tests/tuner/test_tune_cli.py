@@ -16,6 +16,12 @@ from tests.tuner.support import tiny_plan, write_plan
     ({"baseline": {"max_model_len": 1024}}, "baseline.model"),
     ({"warmup_s": -1}, "warmup_s"),
     ({"backend": {"kind": "kubernetes"}}, "backend"),
+    # run without a shell but split as one would; the field's path is what the plan says, not pydantic's tags
+    ({"backend": {"kind": "command", "command": "vllm serve '{model} {flags}"}},
+     "backend.command: does not split like a shell command line (No closing quotation)"),
+    ({"backend": {"kind": "command", "command": " "}}, "backend.command: is empty"),
+    ({"workload": {"input_tokens": 8, "output_tokens": 8, "load": {"mode": "concurrency", "concurrency": 0}}},
+     "workload.load.concurrency: Input should be greater than 0"),
     # <plan>-<variation>-r<repeat> is the load run's --run-id, at most 128 characters
     ({"name": "p" * 64, "variations": [{"name": "v" * 64, "set": {"max_num_seqs": 2}}]}, "name and variation names"),
 ])
@@ -54,3 +60,40 @@ def test_report_of_a_plan_without_finished_runs_is_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no finished runs" in err
+
+
+@pytest.mark.parametrize("flags", [[], ["--what-if"], ["--scenario", "offline", "--what-if"]])
+def test_a_results_folder_that_cannot_be_created_is_one_line_naming_the_flag(tmp_path, capsys, flags):
+    (tmp_path / "file.txt").write_text("a file where a folder should be")  # root may write anywhere else
+    results = tmp_path / "file.txt" / "sub"
+    assert main(["tune", str(write_plan(tmp_path, tiny_plan())), "--results", str(results), *flags]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith("batchscope tune: error: --results: ") and err.rstrip().endswith(": Not a directory")
+    assert str(results) in err
+
+
+def test_a_live_file_that_cannot_be_written_is_refused_before_any_run(tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("a file where a folder should be")
+    live_file = tmp_path / "file.txt" / "live.json"
+    assert main(["tune", str(write_plan(tmp_path, tiny_plan())), "--results", str(tmp_path / "results"),
+                 "--live-file", str(live_file)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith("batchscope tune: error: --live-file: ") and err.rstrip().endswith(": Not a directory")
+    assert not (tmp_path / "results").exists()
+
+
+def test_report_in_a_folder_it_cannot_write_is_one_line(tmp_path, capsys):
+    assert main(["tune", str(write_plan(tmp_path, tiny_plan())), "--results", str(tmp_path), "--what-if"]) == 0
+    plan_dir = tmp_path / "tiny.what-if"
+    (plan_dir / "report.md").unlink()
+    (plan_dir / "report.md").mkdir()  # a folder where the report goes: root cannot write it either
+    (plan_dir / "report.md" / "notes.txt").write_text("kept")
+    capsys.readouterr()
+    assert main(["report", str(plan_dir)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"batchscope report: error: cannot write {plan_dir / 'report.md'}: ")
+    assert err.rstrip().endswith(": Is a directory")
+    assert not list(plan_dir.glob(".*.tmp"))  # no temporary left beside it
