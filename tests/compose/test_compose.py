@@ -319,6 +319,22 @@ def test_simulator_and_vllm_get_the_same_knobs_with_the_seed_baseline_as_default
     assert flag(command(changed["simulator"]), "--max-num-batched-tokens") == "8192"
 
 
+def test_compose_knob_defaults_agree_with_vllms_knob_facts():
+    """Every knob compose passes is one of batchscope.vllm_knobs (flag spelled as vLLM's), its default inside
+    vLLM's bounds, a fixed vLLM default kept as vLLM's, and the cross-knob rule holding."""
+    from batchscope import vllm_knobs
+
+    for argv in (command(services()["simulator"]), command(services()["vllm"])):
+        knobs = {vllm_knobs.BY_FLAG[word].name: float(argv[i + 1]) for i, word in enumerate(argv)
+                 if vllm_knobs.flag_key(word) in vllm_knobs.BY_FLAG}
+        assert set(knobs) == {"max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "max_model_len"}
+        for name, value in knobs.items():
+            knob = vllm_knobs.BY_NAME[name]
+            assert knob.above < value <= knob.at_most, name
+            assert knob.default is None or value == knob.default, name
+        assert vllm_knobs.cross_knob_problem(knobs) is None
+
+
 def test_the_simulator_command_is_a_valid_simulator_configuration():
     """What `batchscope sim serve` would do with compose's arguments, short of serving: flags parse, and vLLM's
     validation (KV cache holds one max_model_len request, batched tokens >= seqs) passes."""
