@@ -5,7 +5,7 @@
 
 Everything but the mode's own path answers as vLLM would: /health, /version, /v1/models (one model card),
 non-streaming completions (the load generator's pre-flight probes), a small valid /metrics. The mode decides
-the streamed completion (POST /v1/completions or /v1/chat/completions with "stream": true) or /metrics. It
+the streamed completion (POST /v1/completions or /v1/chat/completions with "stream": true), /metrics or /v1/models. It
 writes raw HTTP/1.1 bytes, so it can send what no framework would: negative or non-hex chunk sizes, bodies that
 never end, events that are not JSON objects. Endless writes stop when the peer hangs up or after ENDLESS_S.
 ``seen`` counts the requests per path, so a test can tell how many a client sent.
@@ -33,7 +33,9 @@ STREAM_MODES = ("ok", "chunk-negative", "chunk-nonhex", "chunk-huge", "error-bod
                 "event-not-object", "choices-not-list", "usage-not-object", "events-after-done", "too-many-events",
                 "too-few-events", "retry-after-429", "storm-503", "stall", "redirect-models")
 METRICS_MODES = ("metrics-huge", "metrics-endless", "metrics-hang", "metrics-drip", "metrics-no-charset")
-MODES = STREAM_MODES + METRICS_MODES
+MODELS_MODES = ("models-huge",)  # /v1/models: a valid model card of HUGE_CARD_BYTES (an exporter's cap is 1 MiB)
+MODES = STREAM_MODES + METRICS_MODES + MODELS_MODES
+HUGE_CARD_BYTES = 2 << 20
 Writer = asyncio.StreamWriter
 
 
@@ -134,8 +136,9 @@ class HostileServer:
             if self.mode == "redirect-models":
                 writer.write(head("302 Found", {"Location": self.redirect_to + "/v1/models", "Content-Length": "0"}))
                 return True
+            root = "x" * HUGE_CARD_BYTES if self.mode == "models-huge" else MODEL
             writer.write(json_reply("200 OK", {"object": "list", "data": [
-                {"id": MODEL, "object": "model", "root": MODEL, "max_model_len": 4096}]}))
+                {"id": MODEL, "object": "model", "root": root, "max_model_len": 4096}]}))
         elif path in ("/v1/completions", "/v1/chat/completions") and method == "POST" and body.get("stream"):
             return await STREAMS.get(self.mode, STREAMS["ok"])(writer, body)  # a /metrics mode streams well
         elif path in ("/v1/completions", "/v1/chat/completions"):
