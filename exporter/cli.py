@@ -29,6 +29,7 @@ from exporter.changes import ChangeTracker, GrafanaAnnotator
 from exporter.collector import BatchscopeCollector, ExporterSources
 from exporter.config import parse_command
 from exporter.docker_source import DockerSource
+from exporter.fetch import pin_mmap_threshold
 from exporter.health import shown_url
 from exporter.server import make_server, serve_in_thread
 
@@ -70,7 +71,8 @@ OPTIONS = (
     Option("--grafana-token", "Grafana service-account token"),
     Option("--grafana-user", "Grafana basic-auth user"),
     Option("--grafana-password", "Grafana basic-auth password"),
-    Option("--scrape-timeout-s", "timeout for each upstream fetch, seconds", 2.0, float),
+    Option("--scrape-timeout-s", "bound on the whole of each upstream fetch (name lookup, connect, body), seconds",
+           2.0, float),
 )
 URL_FLAGS = ("--vllm-url", "--loadgen-url", "--grafana-url")
 
@@ -192,6 +194,7 @@ def run_exporter(args: argparse.Namespace) -> int:
     # scrapes allocate many short-lived objects; keep the start-up heap out of every full collection
     gc.collect()
     gc.freeze()
+    pin_mmap_threshold()  # memory flat against an endless /metrics (fetch.py)
     serve_in_thread(server)
     # URLs only: keys, tokens and command lines are never logged
     log.info("exporter on http://%s:%d/metrics (vLLM %s, load generator %s)", args.host,

@@ -2,23 +2,26 @@
 
 Yields vLLM's ``vllm:*`` families unchanged (old names mapped, see families.py), the load generator's
 ``batchscope_client_*`` families, the serving configuration in effect, KV capacity, change marks, and per target
-``batchscope_up`` and ``batchscope_scrape_duration_seconds``. A down, slow or malformed target gives up=0 and
-everything else is still served. Nothing is polled between scrapes. With a live file to follow (`--follow`, a
-tuner's `--live-file`), every scrape reads the targets of the run it names, so a plan's every run is shown.
+``batchscope_up``, ``batchscope_scrape_duration_seconds`` and, while it is down, ``batchscope_scrape_error_info``
+with the reason. A down, slow, huge, endless or malformed target gives up=0 and everything else is still served:
+every upstream read ends by the scrape timeout and within a byte cap (fetch.py), and scrapes arriving while one
+collects share its result. Nothing is polled between scrapes. With a live file to follow (`--follow`, a tuner's
+`--live-file`), every scrape reads the targets of the run it names, so a plan's every run is shown.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
-import requests
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -28,9 +31,13 @@ from exporter import families
 from exporter.changes import ChangeTracker
 from exporter.config import ServingConfig, from_exposed, parse_command
 from exporter.docker_source import ContainerView, DockerSource
-from exporter.health import DownReporter, down_cause
+from exporter.fetch import JSON_MAX_BYTES, METRICS_MAX_BYTES, FetchTimeout, Workers, fetch
+from exporter.health import REASONS, DownCause, DownReporter, down_cause
 
 log = logging.getLogger("batchscope.exporter")
+PREFIXES = {"vllm": "vllm:", "loadgen": "batchscope_client_"}  # target -> the families it contributes
+METRICS_HEADERS = {"Accept": "text/plain"}
+JSON_PATHS = ("/v1/models", "/version")
 
 
 @dataclass
@@ -41,7 +48,16 @@ class TargetScrape:
     duration_s: float = 0.0
     families: list[Metric] = field(default_factory=list)
     start_time_s: float | None = None  # process_start_time_seconds: read to tell restarts apart, not re-exposed
-    error: str = ""
+    cause: DownCause | None = None  # why it is down; None while up
+
+
+@dataclass
+class _Collection:
+    """A collection in flight: the scrapes arriving meanwhile wait for ``done`` and serve its families."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    families: list[Metric] = field(default_factory=list)
+    error: Exception | None = None
 
 
 @dataclass
@@ -77,37 +93,73 @@ class BatchscopeCollector(Collector):
         self._changes = changes
         self._health = health or DownReporter()
         self._timer = timer  # times each target's fetch and parse (batchscope_scrape_duration_seconds)
-        self._local = threading.local()  # one requests.Session per pool thread
-        self._parsers = {prefix: families.IncrementalParser() for prefix in ("vllm:", "batchscope_client_")}
-        self._pool = ThreadPoolExecutor(max_workers=5, thread_name_prefix="scrape")
+        self._parsers = {prefix: families.IncrementalParser() for prefix in PREFIXES.values()}
+        self._workers = Workers()
+        self._lock = threading.Lock()
+        self._in_flight: _Collection | None = None
         self._follow_problem: str | None = None  # the live file's last problem, logged once until it changes
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._shared_collection()
+
+    # ----- one collection at a time -------------------------------------------------------------------
+
+    def _shared_collection(self) -> list[Metric]:
+        """The families of the collection in flight, else of a new one. Scrapes arriving during a collection
+        wait for it and serve its result, so they never queue behind each other: each answers within one
+        collection, itself bounded by the scrape timeout (every upstream wait ends at its deadline)."""
+        with self._lock:
+            run, leads = self._in_flight, self._in_flight is None
+            if run is None:
+                run = self._in_flight = _Collection()
+        if leads:
+            self._lead(run)
+        else:
+            # no timeout needed: the collection's every upstream wait ends at its deadline, and its other reads
+            # are of local files (a live file, a command file)
+            run.done.wait()
+        if run.error is not None:
+            raise run.error
+        return run.families
+
+    def _lead(self, run: _Collection) -> None:
+        try:
+            run.families = self._collect_once()
+        except Exception as exc:  # re-raised in every scrape that shared this collection
+            run.error = exc
+        finally:
+            with self._lock:
+                self._in_flight = None
+            run.done.set()
+
+    def _collect_once(self) -> list[Metric]:
         src = self._sources
+        started, deadline = self._timer(), time.monotonic() + src.timeout_s
         targets = self._targets()
-        vllm_future = self._pool.submit(self._scrape, "vllm", targets.vllm_url + "/metrics", "vllm:")
-        loadgen_future = self._pool.submit(self._scrape, "loadgen", targets.loadgen_url + "/metrics",
-                                           "batchscope_client_") if targets.loadgen_url else None
-        card_future = self._pool.submit(self._json, targets.vllm_url, "/v1/models")
-        version_future = self._pool.submit(self._json, targets.vllm_url, "/version")
-        docker_future = self._pool.submit(src.docker.read) if src.docker else None
-        vllm = vllm_future.result()
+        urls = {"vllm": targets.vllm_url + "/metrics"}
+        if targets.loadgen_url:
+            urls["loadgen"] = targets.loadgen_url + "/metrics"
+        pending = {name: self._workers.submit(url, partial(self._scrape, url, PREFIXES[name], deadline))
+                   for name, url in urls.items()}
+        json_pending = {path: self._workers.submit(targets.vllm_url + path,
+                                                   partial(self._json, targets.vllm_url + path, deadline))
+                        for path in JSON_PATHS}
+        docker_pending = self._workers.submit("docker", src.docker.read) if src.docker else None
+        scrapes = {name: self._finish(name, urls[name], future, deadline, started) for name, future in pending.items()}
+        vllm = scrapes["vllm"]
         vllm_families, mappings = families.map_renamed(vllm.families)
-        yield from vllm_families
-        yield _mapping_info(mappings)
-        scrapes = {"vllm": vllm}
-        if loadgen_future is not None:
-            scrapes["loadgen"] = loadgen_future.result()
-            yield from scrapes["loadgen"].families
-        container = docker_future.result() if docker_future else None
+        collected = [*vllm_families, _mapping_info(mappings)]
+        if "loadgen" in scrapes:
+            collected += scrapes["loadgen"].families
+        container = self._docker(docker_pending, deadline) if docker_pending else None
         if vllm.up:
-            config = self._config(vllm.families, card_future.result(), version_future.result(), container,
-                                  targets.command)
-            started = vllm.start_time_s if vllm.start_time_s is not None else getattr(container, "started_at", None)
-            self._changes.observe(config, started)
-            yield from self._config_families(config, vllm.families, container)
-        yield from self._change_families()
-        yield from _health_families(scrapes)
+            card, version = (self._json_result(targets.vllm_url, path, json_pending[path], deadline)
+                             for path in JSON_PATHS)
+            config = self._config(vllm.families, card, version, container, targets.command)
+            started_at = vllm.start_time_s if vllm.start_time_s is not None else getattr(container, "started_at", None)
+            self._changes.observe(config, started_at)
+            collected += self._config_families(config, vllm.families, container)
+        return [*collected, *self._change_families(), *_health_families(scrapes)]
 
     # ----- where to read ------------------------------------------------------------------------------
 
@@ -135,38 +187,62 @@ class BatchscopeCollector(Collector):
 
     # ----- fetching ------------------------------------------------------------------------------------
 
-    def _session(self) -> requests.Session:
-        if not hasattr(self._local, "session"):
-            self._local.session = requests.Session()
-        return self._local.session
-
-    def _scrape(self, target: str, url: str, prefix: str) -> TargetScrape:
+    def _scrape(self, url: str, prefix: str, deadline: float) -> TargetScrape:
+        """On a worker: fetch and parse one target's /metrics by ``deadline``."""
         started = self._timer()
         result = TargetScrape()
-        cause = None
         try:
-            reply = self._session().get(url, timeout=self._sources.timeout_s, headers={"Accept": "text/plain"})
-            reply.raise_for_status()
-            parsed = self._parsers[prefix].parse(reply.text)
+            body = fetch(self._workers.session(), url, deadline=deadline, max_bytes=METRICS_MAX_BYTES,
+                         headers=METRICS_HEADERS)
+            parsed = self._parsers[prefix].parse(body.text())
             result.families = [family for family in parsed if family.name.startswith(prefix)]
             result.start_time_s = next((f.samples[0].value for f in parsed
                                         if f.name == "process_start_time_seconds" and f.samples), None)
             result.up = True
-        except (requests.RequestException, ValueError) as exc:
-            cause = down_cause(exc, self._sources.timeout_s)
-            result.error = cause.text
+        except Exception as exc:  # whatever the upstream did, the target is down at this scrape; the cause says why
+            result.cause = down_cause(exc, self._sources.timeout_s)
         result.duration_s = self._timer() - started
-        self._health.observe(target, url, cause)
         return result
 
-    def _json(self, base_url: str, path: str) -> dict | None:
-        headers = {"Authorization": f"Bearer {self._sources.vllm_api_key}"} if self._sources.vllm_api_key else {}
+    def _finish(self, target: str, url: str, pending: Future[TargetScrape], deadline: float,
+                started: float) -> TargetScrape:
+        """A target's scrape as it stands at ``deadline`` (a timeout if its worker is not done), logged."""
         try:
-            reply = self._session().get(base_url + path, timeout=self._sources.timeout_s, headers=headers)
-            reply.raise_for_status()
-            return reply.json()
-        except (requests.RequestException, ValueError):
-            return None
+            scrape = self._workers.wait(pending, deadline)
+        except FetchTimeout as exc:
+            scrape = TargetScrape(duration_s=self._timer() - started, cause=down_cause(exc, self._sources.timeout_s))
+        self._health.observe(target, url, scrape.cause)
+        return scrape
+
+    def _json(self, url: str, deadline: float) -> dict:
+        """On a worker: one of vLLM's JSON routes by ``deadline``, at most JSON_MAX_BYTES."""
+        headers = {"Authorization": f"Bearer {self._sources.vllm_api_key}"} if self._sources.vllm_api_key else {}
+        payload = json.loads(fetch(self._workers.session(), url, deadline=deadline, max_bytes=JSON_MAX_BYTES,
+                                   headers=headers).text())
+        if not isinstance(payload, dict):
+            raise ValueError(f"not a JSON object: {type(payload).__name__}")
+        return payload
+
+    def _json_result(self, base_url: str, path: str, pending: Future[dict], deadline: float) -> dict | None:
+        """A JSON route's answer, or None (logged as target ``vllm /v1/models`` etc.; only while /metrics is up,
+        so one outage is one line)."""
+        cause, payload = None, None
+        try:
+            payload = self._workers.wait(pending, deadline)
+        except Exception as exc:  # a missing route only leaves its configuration fields unknown
+            cause = down_cause(exc, self._sources.timeout_s)
+        self._health.observe(f"vllm {path}", base_url + path, cause)
+        return payload
+
+    def _docker(self, pending: Future[ContainerView | None], deadline: float) -> ContainerView | None:
+        """The container's view if the docker engine answers by ``deadline`` (DockerSource logs its own errors)."""
+        cause, view = None, None
+        try:
+            view = self._workers.wait(pending, deadline)
+        except FetchTimeout as exc:
+            cause = down_cause(exc, self._sources.timeout_s)
+        self._health.observe("docker", "the docker engine", cause)
+        return view
 
     # ----- configuration -------------------------------------------------------------------------------
 
@@ -253,8 +329,14 @@ def _health_families(scrapes: dict[str, TargetScrape]) -> Iterator[Metric]:
                            labels=["target"])
     duration = GaugeMetricFamily("batchscope_scrape_duration_seconds", "Time to fetch and parse the target.",
                                  labels=["target"])
+    error = GaugeMetricFamily("batchscope_scrape_error_info",
+                              f"Why the target is down at this scrape (value 1; absent while it is up): "
+                              f"{', '.join(REASONS)}.", labels=["target", "reason"])
     for name, scrape in scrapes.items():
         up.add_metric([name], 1 if scrape.up else 0)
         duration.add_metric([name], scrape.duration_s)
+        if scrape.cause is not None:
+            error.add_metric([name, scrape.cause.reason], 1)
     yield up
     yield duration
+    yield error

@@ -1,4 +1,5 @@
-"""Saying why a target is down: the cause of a failed fetch, and a rate-limited log line per target.
+"""Saying why a target is down: the cause of a failed fetch (a kind and a line for the log, a bounded reason for
+``batchscope_scrape_error_info``), and a rate-limited log line per target.
 
 A target scraped every few seconds that stays down would otherwise log the same failure thousands of times, or
 (as before) not at all, leaving only ``batchscope_up 0``. The reporter logs when a target goes down, when the
@@ -15,40 +16,52 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
+import urllib3.exceptions
 
 from batchscope.secrets import MASK
+from exporter.fetch import BodyTooLarge, FetchTimeout
 
 log = logging.getLogger("batchscope.exporter")
 REPEAT_S = 60.0
+# batchscope_scrape_error_info's reason label: a bounded set, whatever the upstream sends
+REASONS = ("connect", "timeout", "too_large", "http_status", "unparseable", "protocol")
 
 
 @dataclass(frozen=True)
 class DownCause:
-    """Why a fetch failed: ``kind`` is what the rate limit compares, ``text`` what the log line says."""
+    """Why a fetch failed: ``kind`` is what the rate limit compares, ``text`` what the log line says, ``reason``
+    the metric's label (one of REASONS)."""
 
     kind: str
     text: str
+    reason: str
 
 
-def down_cause(exc: Exception, timeout_s: float) -> DownCause:
-    """Classify a failed fetch: refused, timeout, HTTP status, unparseable, or another connection problem."""
+def down_cause(exc: BaseException, timeout_s: float) -> DownCause:
+    """Classify a failed fetch: refused, timeout, too large, HTTP status, unparseable, or another connection or
+    protocol problem."""
     if isinstance(exc, requests.HTTPError) and exc.response is not None:
         status = f"HTTP {exc.response.status_code}"
-        return DownCause(status, f"{status} {exc.response.reason or ''}".rstrip())
-    if isinstance(exc, requests.Timeout):
-        return DownCause("timeout", f"timeout after {timeout_s:g} s")
-    if isinstance(exc, requests.ConnectionError):
-        text = str(exc)
-        if "Connection refused" in text:
-            return DownCause("refused", "connection refused")
-        if "resolve" in text or "Name or service not known" in text:
-            return DownCause("unresolvable", "cannot resolve the host name")
-        if "Connection aborted" in text or "reset" in text.lower():
-            return DownCause("closed", "connection closed by the target")
-        return DownCause("connection", f"connection error: {text[:160]}")
-    if isinstance(exc, ValueError):  # families.parse: the body is not a text exposition
-        return DownCause("unparseable", f"unparseable /metrics: {str(exc)[:160]}")
-    return DownCause("error", f"{type(exc).__name__}: {str(exc)[:160]}")
+        return DownCause(status, f"{status} {exc.response.reason or ''}".rstrip(), "http_status")
+    if isinstance(exc, requests.Timeout | FetchTimeout | urllib3.exceptions.TimeoutError):
+        return DownCause("timeout", f"timeout after {timeout_s:g} s", "timeout")
+    if isinstance(exc, BodyTooLarge):
+        return DownCause("too_large", str(exc), "too_large")
+    if isinstance(exc, requests.ConnectionError | urllib3.exceptions.ProtocolError):
+        return _connection_cause(str(exc))
+    if isinstance(exc, ValueError):  # the body is not a text exposition, JSON, or text in its charset
+        return DownCause("unparseable", f"unparseable: {str(exc)[:160]}", "unparseable")
+    return DownCause("protocol", f"{type(exc).__name__}: {str(exc)[:160]}", "protocol")
+
+
+def _connection_cause(text: str) -> DownCause:
+    if "Connection refused" in text:
+        return DownCause("refused", "connection refused", "connect")
+    if "resolve" in text or "Name or service not known" in text:
+        return DownCause("unresolvable", "cannot resolve the host name", "connect")
+    if "Connection aborted" in text or "reset" in text.lower() or "Connection broken" in text:
+        return DownCause("closed", "connection closed by the target", "connect")
+    return DownCause("connection", f"connection error: {text[:160]}", "connect")
 
 
 def shown_url(url: str) -> str:

@@ -15,8 +15,8 @@ from tests.conftest import free_port, wait_until
 from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply
 
-REFUSED = DownCause("refused", "connection refused")
-TIMEOUT = DownCause("timeout", "timeout after 2 s")
+REFUSED = DownCause("refused", "connection refused", "connect")
+TIMEOUT = DownCause("timeout", "timeout after 2 s", "timeout")
 URL = "http://127.0.0.1:8000/metrics"
 
 
@@ -82,7 +82,7 @@ def test_a_password_in_a_url_is_masked():
 
 STUB_REPLIES = {
     "HTTP status": (Reply(status=503, body=b"busy", content_type="text/plain"), "HTTP 503 Service Unavailable"),
-    "unparseable": (Reply(body=b'vllm:x{a="1" 1\n', content_type="text/plain"), "unparseable /metrics"),
+    "unparseable": (Reply(body=b'vllm:x{a="1" 1\n', content_type="text/plain"), "unparseable: malformed exposition"),
     "timeout": (Reply(body=b"", content_type="text/plain", delay_s=1.5), "timeout after 0.3 s"),
 }
 
