@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
-from scrape.exporter import scrape, wait_ready
-from scrape.settings import BENCH_CORE, EXPORTER_CORE, REPO, STOP_TIMEOUT_S
+from scrape.exporter import claim_bench_core, scrape, wait_ready
+from scrape.settings import EXPORTER_CORE, REPO, STOP_TIMEOUT_S
 
 from batchscope.listen import free_port
 from batchscope.testkit.hostile import HostileServer
@@ -179,12 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.duration > 0:
         parser.error("--duration must be > 0")
-    cores = os.sched_getaffinity(0)
-    if not {EXPORTER_CORE, BENCH_CORE} <= cores:
-        print(f"exporter_hostile: needs cores {EXPORTER_CORE} and {BENCH_CORE}, have {sorted(cores)}",
-              file=sys.stderr)
+    if not claim_bench_core("exporter_hostile"):
         return 2
-    os.sched_setaffinity(0, {BENCH_CORE})
     with tempfile.TemporaryDirectory(prefix="exporter-hostile-") as workdir:
         try:
             results = [measure(mode, args.duration, Path(workdir)) for mode in args.modes]

@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from scrape.exporter import claim_bench_core
 from scrape.measure import run
 from scrape.report import report
-from scrape.settings import BENCH_CORE, EXPORTER_CORE, MAX_P99_MS, MAX_RSS_MB
+from scrape.settings import MAX_P99_MS, MAX_RSS_MB
 
 from batchscope.testkit.processes import SetupError
 from batchscope.testkit.report import argument_parser, write_json
@@ -58,12 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cores = os.sched_getaffinity(0)
-    if not {EXPORTER_CORE, BENCH_CORE} <= cores:
-        print(f"exporter_scrape: needs cores {EXPORTER_CORE} and {BENCH_CORE}, have {sorted(cores)}",
-              file=sys.stderr)
+    if not claim_bench_core("exporter_scrape"):
         return 2
-    os.sched_setaffinity(0, {BENCH_CORE})
     try:
         result = run(args)
     except (SetupError, OSError, http.client.HTTPException) as exc:

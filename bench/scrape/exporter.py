@@ -11,7 +11,15 @@ import time
 from pathlib import Path
 
 from batchscope.testkit.processes import Child, SetupError
-from scrape.settings import EXPORTER_CORE, POLL_S, PROMETHEUS_ACCEPT, REPO, SCRAPE_TIMEOUT_S, STARTUP_TIMEOUT_S
+from scrape.settings import (
+    BENCH_CORE,
+    EXPORTER_CORE,
+    POLL_S,
+    PROMETHEUS_ACCEPT,
+    REPO,
+    SCRAPE_TIMEOUT_S,
+    STARTUP_TIMEOUT_S,
+)
 
 
 def start_exporter(vllm_url: str, loadgen_url: str, port: int, log_path: Path) -> Child:
@@ -48,3 +56,14 @@ def wait_ready(exporter: Child, port: int) -> None:
             return
         time.sleep(POLL_S)  # the polling interval of a bounded wait
     raise SetupError(f"exporter did not answer within {STARTUP_TIMEOUT_S:.0f} s:\n{exporter.log_tail(2000)}")
+
+
+def claim_bench_core(bench: str) -> bool:
+    """Pin this process to BENCH_CORE, leaving EXPORTER_CORE to the exporter; False (said on stderr) when the
+    machine does not give this process both."""
+    cores = os.sched_getaffinity(0)
+    if not {EXPORTER_CORE, BENCH_CORE} <= cores:
+        print(f"{bench}: needs cores {EXPORTER_CORE} and {BENCH_CORE}, have {sorted(cores)}", file=sys.stderr)
+        return False
+    os.sched_setaffinity(0, {BENCH_CORE})
+    return True
