@@ -2,7 +2,8 @@
 ``input_tokens`` tokens, and set ``max_tokens`` + ``ignore_eos`` so the output is exactly ``output_tokens``.
 
 This is the run's pre-flight, done before any load (by `batchscope load` before it starts Locust, and again by
-the controller): ``--host`` must be an http(s) URL whose server accepts a connection, then GET /v1/models.
+the controller): ``--host`` must be an http(s) URL whose server accepts a connection, then GET /v1/models (a
+redirect is refused: no request of the pre-flight follows one, as the load's own client follows none).
 
 Every request gets a prompt of its own (loadgen/prompts.py: an optional shared prefix, then a unique part).
 Completions get token ids (exact by construction) from the range the served model's vocabulary allows: a probe
@@ -198,7 +199,8 @@ def _probe(base: str, session: requests.Session, headers: dict, model: str, time
     body = {"model": model, "prompt": [token_id], "max_tokens": 1}
     probe_headers = {**headers, "X-Request-Id": f"batchscope-vocabulary-probe-{token_id}"}
     try:
-        reply = session.post(base + "/v1/completions", json=body, headers=probe_headers, timeout=timeout_s)
+        reply = session.post(base + "/v1/completions", json=body, headers=probe_headers, timeout=timeout_s,
+                             allow_redirects=False)
     except requests.RequestException as exc:
         return None, exc.__class__.__name__
     return reply.status_code, reply.text[:200]
@@ -212,9 +214,17 @@ def _in_vocabulary(status: int | None, text: str) -> bool | None:
 
 
 def list_models(base: str, session: requests.Session, headers: dict) -> list[dict] | Exception:
-    """The model cards of GET /v1/models, or why they could not be read."""
+    """The model cards of GET /v1/models, or why they could not be read. A redirect is refused (SpecError), not
+    followed: it could lead anywhere, with the spec's key in its headers."""
     try:
-        reply = session.get(base + "/v1/models", headers=headers, timeout=10)
+        reply = session.get(base + "/v1/models", headers=headers, timeout=10, allow_redirects=False)
+    except requests.RequestException as exc:
+        return exc
+    if reply.is_redirect:
+        raise SpecError(f"server: GET {base}/v1/models answered HTTP {reply.status_code}, a redirect to "
+                        f"{reply.headers['location'][:100]!r}, and redirects are not followed: give --host the "
+                        "server's own URL")
+    try:
         reply.raise_for_status()
         return [card for card in reply.json()["data"] if isinstance(card, dict) and "id" in card]
     except (requests.RequestException, KeyError, TypeError, ValueError) as exc:
@@ -301,7 +311,8 @@ def _common_length(first: list[int], second: list[int]) -> int:
 
 
 def _tokenize_chat(base: str, session: requests.Session, headers: dict, messages: list[dict]) -> list[int]:
-    reply = session.post(base + "/tokenize", json={"messages": messages}, headers=headers, timeout=10)
+    reply = session.post(base + "/tokenize", json={"messages": messages}, headers=headers, timeout=10,
+                         allow_redirects=False)
     if reply.status_code != 200:
         raise SpecError(f"endpoint: chat needs the server's /tokenize, which answered HTTP {reply.status_code}")
     ids = reply.json().get("tokens")
