@@ -3,8 +3,9 @@
 Workers report deltas (new records, cumulative counts) every few seconds and once more when stopped; the
 controller adds them up, writes each record to records.jsonl as it arrives, and serves the merged metrics. At
 the end it asks every sender to stop, waits (bounded) for their final reports, then lets Locust quit, so every
-started request is accounted for in the summary. A run whose first FAIL_FAST_REQUESTS requests were all rejected
-with the same 4xx ends there: more of the same requests would only be rejected again.
+started request is accounted for in the summary. A run whose first FAIL_FAST_REQUESTS requests were all refused
+with the same status ends there: a non-retryable 4xx (more of the same requests would only be rejected again), or
+a 429 or 503 the senders kept backing off from (loadgen/run.py) while the server kept refusing.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ class RunControl:
         return live_window(self.spec, self.start_s, self.stop_s)
 
     def rejected_from_start(self) -> int | None:
-        """The 4xx status that each of the (at least FAIL_FAST_REQUESTS) requests finished so far got, if any."""
+        """The refusing status (request.refused_by_server) that each of the (at least FAIL_FAST_REQUESTS) requests
+        finished so far got, if any."""
         if self.stats.finished < FAIL_FAST_REQUESTS:
             return None
         return self.figures.rejected_throughout()

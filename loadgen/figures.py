@@ -15,7 +15,7 @@ from array import array
 
 import numpy as np
 
-from loadgen.request import OUTCOMES, RequestRecord, rejected
+from loadgen.request import OUTCOMES, RequestRecord, refused_by_server
 from loadgen.sketch import GapSketch
 from loadgen.window import MeasurementWindow
 
@@ -39,7 +39,7 @@ class RunFigures:
         self.read_lags = array("d")
         self.last_end_s = -math.inf
         self.finished = 0  # requests that ended in anything but 'aborted', whole run
-        self.rejections: dict[int, int] = {}  # finished requests per non-retryable 4xx status
+        self.rejections: dict[int, int] = {}  # finished requests per refusing status (a non-retryable 4xx, 429, 503)
         self.rejection_detail: dict[int, str] = {}  # the first such answer's text, per status
 
     def add(self, record: RequestRecord, window: MeasurementWindow) -> None:
@@ -76,12 +76,13 @@ class RunFigures:
                 self.ended.append(record.end_s)
         if record.outcome != "aborted":
             self.finished += 1
-        if rejected(record) and record.status is not None:
+        if refused_by_server(record) and record.status is not None:
             self.rejections[record.status] = self.rejections.get(record.status, 0) + 1
             self.rejection_detail.setdefault(record.status, record.error or "")
 
     def rejected_throughout(self) -> int | None:
-        """The 4xx status every finished request got, if one did (and at least one finished)."""
+        """The refusing status (request.refused_by_server) every finished request got, if one did (and at least one
+        finished)."""
         return next((status for status, count in self.rejections.items() if count == self.finished), None)
 
     def peak_concurrency(self) -> int:

@@ -118,7 +118,8 @@ class ClientMetricsCollector(Collector):
             yield family
         outcomes = CounterMetricFamily("batchscope_client_requests",
                                        "Finished requests by outcome (ok, http_error, timeout, connection_error, "
-                                       "truncated, length_mismatch, aborted).", labels=[*names, "outcome"])
+                                       "truncated, protocol_error, length_mismatch, aborted).",
+                                       labels=[*names, "outcome"])
         for outcome, count in stats.outcomes.items():
             outcomes.add_metric([*labels, outcome], count)
         yield outcomes

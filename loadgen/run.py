@@ -5,9 +5,12 @@ Finished records wait in an outbox until ``report()`` hands them to the controll
 through Locust's worker reports otherwise). At the end, ``stop_now`` refuses new requests and aborts those in
 flight, so each ends as 'aborted'.
 
-Every request of a run is the same, so a non-retryable 4xx (request.rejected) answers for all of them: after
-each one in a row the whole process backs off for BACKOFF_BASE_S doubling up to BACKOFF_CAP_S (closed-loop users
-wait, the dispatcher refuses the arrivals that fall in it); any other outcome ends the streak.
+Every request of a run is the same, so a non-retryable 4xx (request.rejected) answers for all of them, and a
+429 or 503 (request.throttled) says the server takes none for now: after each such answer in a row the whole
+process backs off (closed-loop users wait, the dispatcher refuses the arrivals that fall in it), for as long as a
+429's or 503's Retry-After asks (at least BACKOFF_BASE_S, at most RETRY_AFTER_CAP_S), else BACKOFF_BASE_S doubling
+up to BACKOFF_CAP_S; any other outcome ends the streak. Failed requests are logged by kind, rate-limited
+(loadgen/faults.py).
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import gevent.pool
 import numpy as np
 
 from loadgen import http
+from loadgen.faults import FaultLog
 from loadgen.greenlets import sleep_until
 from loadgen.http import Connection, ConnectionPool
 from loadgen.reader import StreamReader
 from loadgen.report import SenderReport
-from loadgen.request import RequestRecord, measure, rejected
+from loadgen.request import RequestRecord, measure, refused_by_server, throttled
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
 from loadgen.target import Target
 
@@ -52,6 +56,7 @@ def arrival_times(spec: WorkloadSpec, start: float, worker_index: int, workers: 
 RECONNECT_DELAY_S = 0.1  # a dead server: don't spin, but keep trying (and counting attempts) at 10 a second
 BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 5.0  # how soon a fixed server (a key, a model loaded) is noticed again
+RETRY_AFTER_CAP_S = 30.0  # the longest Retry-After honoured: a server asking for more is asked again after this
 
 
 class LoadRun:
@@ -76,8 +81,9 @@ class LoadRun:
         self.started = 0
         self.refused = 0
         self._refused_s: list[float] = []  # scheduled times of refused arrivals not yet reported
-        self._rejected_streak = 0
+        self._refused_streak = 0
         self.backoff_until = 0.0
+        self.faults = FaultLog()
 
     @property
     def in_flight(self) -> int:
@@ -110,19 +116,23 @@ class LoadRun:
             pool.release(connection)
             if record.request_id in self._aborted:
                 record.outcome, record.error = "aborted", "in flight when the run ended"
-            self._note_rejection(record)
+            self._note_refusal(record)
+            self.faults.note(record)
             self._outbox.append(record)
             self._on_record(record)
             if not self._active:
                 self._idle.set()
         return record
 
-    def _note_rejection(self, record: RequestRecord) -> None:
-        if not rejected(record):
-            self._rejected_streak = 0
+    def _note_refusal(self, record: RequestRecord) -> None:
+        if not refused_by_server(record):
+            self._refused_streak = 0
             return
-        self._rejected_streak += 1
-        delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(self._rejected_streak - 1, 32))
+        self._refused_streak += 1
+        if throttled(record) and record.retry_after_s is not None:
+            delay = min(RETRY_AFTER_CAP_S, max(BACKOFF_BASE_S, record.retry_after_s))
+        else:
+            delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(self._refused_streak - 1, 32))
         self.backoff_until = max(self.backoff_until, time.time() + delay)
 
     def pause_after(self, record: RequestRecord) -> float:
@@ -164,6 +174,7 @@ class LoadRun:
         """Refuse new requests and abort those in flight (each is delivered as 'aborted')."""
         self.accepting = False
         self._idle.clear()
+        self.faults.flush()
         if not self._active:
             return
         for request_id, (_, connection) in list(self._active.items()):

@@ -74,7 +74,7 @@ class Summary(BaseModel):
     outcomes: dict[str, int] = Field(description="Finished requests by outcome (warm-up included).")
     balanced: bool = Field(description="started == sum of outcomes: every request ended in exactly one outcome.")
     refused_arrivals: int = Field(description="Open-loop arrivals not sent (warm-up included): at the in-flight "
-                                  "cap, or while backing off after non-retryable HTTP errors.")
+                                  "cap, or while backing off after non-retryable HTTP errors, 429s or 503s.")
     window_start_s: float = Field(description="Measurement window start (the end of warm-up), Unix seconds.")
     completed: int = Field(description="Requests with outcome ok that ended in the measurement window.")
     failed: dict[str, int] = Field(description="Requests that ended in the window, by non-ok outcome (aborted "

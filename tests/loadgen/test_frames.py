@@ -4,6 +4,7 @@ counts as a token (every event with choices, as `vllm bench serve`, but chat's o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -37,7 +38,8 @@ def canned_server(reply: bytes, close: bool = False) -> tuple[Endpoint, threadin
     listener = socket.create_server(("127.0.0.1", 0))
 
     def serve() -> None:
-        with listener, listener.accept()[0] as conn:
+        # a client that stops reading a reply hangs up on the rest of it (a reset, here)
+        with listener, listener.accept()[0] as conn, contextlib.suppress(ConnectionError):
             received = b""
             while b"\r\n\r\n" not in received:
                 received += conn.recv(4096)

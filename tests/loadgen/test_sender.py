@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from loadgen import run
+from loadgen.figures import RunFigures
 from loadgen.report import SenderReport
 from loadgen.request import RequestRecord
 from loadgen.run import LoadRun, arrival_times
 from loadgen.spec import load_spec
 from loadgen.target import Target
+from loadgen.window import MeasurementWindow
 
 TARGET = Target(url="http://127.0.0.1:9/v1/completions", headers={}, body={}, chat=False, stream=True,
                 prompt_tokens=8, output_tokens=4, timeout_s=5.0)
@@ -60,15 +62,53 @@ def test_rejections_back_off_doubling_up_to_the_cap_and_reset_on_anything_else(m
     load = sender("load.mode=concurrency", "load.concurrency=1")
     waits = []
     for _ in range(8):
-        load._note_rejection(rejected_record())
+        load._note_refusal(rejected_record())
         waits.append(load.pause_after(rejected_record()))
         now[0] += waits[-1]
     assert waits == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0])
-    load._note_rejection(RequestRecord(request_id="y", worker=0, scheduled_s=0.0, outcome="ok"))
-    load._note_rejection(rejected_record())
+    load._note_refusal(RequestRecord(request_id="y", worker=0, scheduled_s=0.0, outcome="ok"))
+    load._note_refusal(rejected_record())
     assert load.pause_after(rejected_record()) == pytest.approx(0.1)  # the streak starts over
     assert load.pause_after(RequestRecord(request_id="z", worker=0, scheduled_s=0.0,
                                           outcome="connection_error")) == run.RECONNECT_DELAY_S
+
+
+def throttled_record(status: int, retry_after_s: float | None) -> RequestRecord:
+    return RequestRecord(request_id="t", worker=0, scheduled_s=0.0, outcome="http_error", status=status,
+                         retry_after_s=retry_after_s)
+
+
+def test_a_429_or_503_backs_off_as_its_retry_after_asks_capped_else_doubling(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(run.time, "time", lambda: now[0])
+
+    def waits_after(load: LoadRun, refusals: list[tuple[int, float | None]]) -> list[float]:
+        waits = []
+        for status, retry_after in refusals:
+            load._note_refusal(throttled_record(status, retry_after))
+            waits.append(load.pause_after(throttled_record(status, retry_after)))
+            now[0] += waits[-1]
+        return waits
+
+    # as asked, capped at 30 s, at least 0.1 s
+    asked = [waits_after(sender("load.mode=concurrency", "load.concurrency=1"), [(status, retry_after)])[0]
+             for status, retry_after in ((429, 2.0), (503, 100.0), (429, 0.0))]
+    assert asked == pytest.approx([2.0, run.RETRY_AFTER_CAP_S, run.BACKOFF_BASE_S])
+    load = sender("load.mode=concurrency", "load.concurrency=1")
+    assert waits_after(load, [(503, None), (429, None), (503, None)]) == pytest.approx([0.1, 0.2, 0.4])
+    load._note_refusal(throttled_record(408, 5.0))  # a request timeout is no refusal: the streak ends
+    assert waits_after(load, [(503, None)]) == pytest.approx([0.1])
+
+
+def test_a_run_refused_from_its_start_with_one_status_is_told_whatever_the_refusal():
+    window = MeasurementWindow(start_s=0.0, end_s=100.0)
+    for status in (401, 429, 503):
+        figures = RunFigures()
+        for _ in range(3):
+            figures.add(throttled_record(status, None), window)
+        assert figures.rejected_throughout() == status
+    figures.add(RequestRecord(request_id="o", worker=0, scheduled_s=0.0, outcome="http_error", status=500), window)
+    assert figures.rejected_throughout() is None  # a 500 is neither
 
 
 def test_a_report_is_a_delta_of_records_and_cumulative_counts_and_survives_the_wire():
