@@ -2,8 +2,8 @@
 
 ``requests.get(timeout=2)`` bounds each socket operation, not the exchange, and ``reply.text`` buffers the whole
 body: a 200 MB or endless /metrics, or one dripping a byte at a time, held a scrape for ever and took the exporter
-to gigabytes. Here a body is read with ``stream=True`` one socket read at a time, the deadline checked and the
-size counted after each; a declared Content-Length over the cap is refused before any body is read. Each fetch
+to gigabytes. Here a body is read by batchscope.bounded_read (one socket read at a time under a deadline and a
+byte cap, shared with the load generator's pre-flight). Each fetch
 runs on a worker thread that the caller waits for until the deadline and no longer, so a phase no socket
 timeout covers (the name lookup: glibc's resolver retries for 10 s and more) cannot hold a scrape either. At
 most one job per key (an upstream URL) runs at a time: a job still stuck from an earlier scrape is waited on
@@ -28,58 +28,18 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from typing import TypeVar
 
 import requests
 import urllib3.exceptions
 
+from batchscope.bounded_read import ERROR_MAX_BYTES, Body, BodyTooLarge, FetchTimeout, read_body
+
 METRICS_MAX_BYTES = 16 << 20
-JSON_MAX_BYTES = 1 << 20
-ERROR_MAX_BYTES = 64 << 10  # what is read of an error status's body
-PIECE_BYTES = 64 << 10  # at most this much per socket read
 MAX_REDIRECTS = 5  # requests' 30 would let a redirect loop keep a worker 30 socket timeouts past its deadline
 M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES = -3, 128 << 10  # glibc's mallopt parameter (malloc.h) and its default
 WORKERS = 8  # one job per key: a scrape's five (two /metrics, two JSON, docker), plus stuck ones of changed URLs
 T = TypeVar("T")
-
-
-class FetchTimeout(Exception):
-    """The deadline passed before the answer was complete."""
-
-
-class BodyTooLarge(Exception):
-    """The body (declared or read so far) is over its cap."""
-
-    def __init__(self, cap_bytes: int, declared: int | None = None) -> None:
-        said = f" (Content-Length {declared})" if declared is not None else ""
-        super().__init__(f"larger than the {cap_bytes / (1 << 20):g} MiB cap{said}")
-
-
-@dataclass(frozen=True)
-class Body:
-    """A complete answer's body and its Content-Type."""
-
-    data: bytes | bytearray
-    content_type: str
-
-    def text(self) -> str:
-        """The body decoded in its declared charset, else UTF-8 (the text exposition format's and JSON's);
-        ValueError when the bytes are not in that charset or the charset is unknown."""
-        charset = charset_of(self.content_type) or "utf-8"
-        try:
-            return self.data.decode(charset)
-        except LookupError:
-            raise ValueError(f"unknown charset {charset!r}") from None
-
-
-def charset_of(content_type: str) -> str | None:
-    """The charset parameter of a Content-Type header value, if any."""
-    for parameter in content_type.split(";")[1:]:
-        name, _, value = parameter.partition("=")
-        if name.strip().lower() == "charset" and value.strip().strip('"'):
-            return value.strip().strip('"')
-    return None
 
 
 def fetch(session: requests.Session, url: str, *, deadline: float, max_bytes: int,
@@ -97,28 +57,13 @@ def fetch(session: requests.Session, url: str, *, deadline: float, max_bytes: in
             if not reply.ok:
                 # its few words are read, so the connection stays open for the next scrape
                 with contextlib.suppress(BodyTooLarge):
-                    _read_body(reply, deadline, ERROR_MAX_BYTES)
+                    read_body(reply, deadline, ERROR_MAX_BYTES)
                 reply.raise_for_status()
-            return Body(_read_body(reply, deadline, max_bytes), reply.headers.get("Content-Type", ""))
+            return Body(read_body(reply, deadline, max_bytes), reply.headers.get("Content-Type", ""))
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         if time.monotonic() >= deadline:
             raise FetchTimeout from exc
         raise
-
-
-def _read_body(reply: requests.Response, deadline: float, max_bytes: int) -> bytearray:
-    declared = reply.headers.get("Content-Length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise BodyTooLarge(max_bytes, int(declared))
-    body = bytearray()  # one buffer: over 128 KiB it is a mapping of its own, returned when freed (pin_mmap_threshold)
-    # read1: one socket read per piece, so a drip cannot hold a read past the deadline as read(n) would
-    while piece := reply.raw.read1(PIECE_BYTES, decode_content=True):
-        body += piece
-        if len(body) > max_bytes:
-            raise BodyTooLarge(max_bytes)
-        if time.monotonic() >= deadline:
-            raise FetchTimeout
-    return body
 
 
 def pin_mmap_threshold() -> bool:

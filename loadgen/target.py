@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import cached_property, partial
@@ -28,12 +29,16 @@ from urllib.parse import urlsplit
 import numpy as np
 import requests
 
+from batchscope.bounded_read import ERROR_MAX_BYTES, JSON_MAX_BYTES, Body, BodyTooLarge, FetchTimeout, read_body
 from batchscope.prompt_layout import ID_HIGH, ID_LOW, SALT_TOKENS, id_range, salt_capacity
 from loadgen import http
 from loadgen.prompts import WORDS, chat_messages, draw_prompt, prompt_bodies
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, SpecError, WorkloadSpec
 
 CONNECT_TIMEOUT_S = 10.0
+PREFLIGHT_TIMEOUT_S = 10.0  # one pre-flight exchange (/v1/models, /tokenize), whole: connect, head and body
+# what a pre-flight read of a peer may end in: no answer, one past its deadline, a body over its cap
+PEER_FAULTS = (requests.RequestException, FetchTimeout, BodyTooLarge, ValueError)
 VOCAB_PROBES = 20  # one-token requests at most to find the vocabulary's end (15 bisect ID_HIGH - 1)
 OUT_OF_VOCABULARY = "out of vocabulary"  # vLLM's 400: "Token id N is out of vocabulary"
 MIN_ID_SPAN = 100  # fewer prompt ids than this: the salt's digits would be too few to tell requests apart
@@ -199,11 +204,11 @@ def _probe(base: str, session: requests.Session, headers: dict, model: str, time
     body = {"model": model, "prompt": [token_id], "max_tokens": 1}
     probe_headers = {**headers, "X-Request-Id": f"batchscope-vocabulary-probe-{token_id}"}
     try:
-        reply = session.post(base + "/v1/completions", json=body, headers=probe_headers, timeout=timeout_s,
-                             allow_redirects=False)
-    except requests.RequestException as exc:
+        status, _, text = exchange(session, "POST", base + "/v1/completions", timeout_s, json=body,
+                                   headers=probe_headers)
+    except PEER_FAULTS as exc:
         return None, exc.__class__.__name__
-    return reply.status_code, reply.text[:200]
+    return status, text[:200]
 
 
 def _in_vocabulary(status: int | None, text: str) -> bool | None:
@@ -217,18 +222,38 @@ def list_models(base: str, session: requests.Session, headers: dict) -> list[dic
     """The model cards of GET /v1/models, or why they could not be read. A redirect is refused (SpecError), not
     followed: it could lead anywhere, with the spec's key in its headers."""
     try:
-        reply = session.get(base + "/v1/models", headers=headers, timeout=10, allow_redirects=False)
-    except requests.RequestException as exc:
+        status, reply_headers, text = exchange(session, "GET", base + "/v1/models", PREFLIGHT_TIMEOUT_S,
+                                               headers=headers)
+    except PEER_FAULTS as exc:
         return exc
-    if reply.is_redirect:
-        raise SpecError(f"server: GET {base}/v1/models answered HTTP {reply.status_code}, a redirect to "
-                        f"{reply.headers['location'][:100]!r}, and redirects are not followed: give --host the "
+    if 300 <= status < 400 and "location" in reply_headers:
+        raise SpecError(f"server: GET {base}/v1/models answered HTTP {status}, a redirect to "
+                        f"{reply_headers['location'][:100]!r}, and redirects are not followed: give --host the "
                         "server's own URL")
     try:
-        reply.raise_for_status()
-        return [card for card in reply.json()["data"] if isinstance(card, dict) and "id" in card]
+        if status != 200:
+            raise requests.HTTPError(f"HTTP {status}")
+        return [card for card in json.loads(text)["data"] if isinstance(card, dict) and "id" in card]
     except (requests.RequestException, KeyError, TypeError, ValueError) as exc:
         return exc
+
+
+def exchange(session: requests.Session, method: str, url: str, timeout_s: float,
+             **kwargs: object) -> tuple[int, requests.structures.CaseInsensitiveDict, str]:
+    """(status, headers, body text) of one pre-flight request, following no redirect, the whole exchange within
+    ``timeout_s`` and its body within JSON_MAX_BYTES (an error's within ERROR_MAX_BYTES; the rest left unread);
+    raises one of PEER_FAULTS."""
+    deadline = time.monotonic() + timeout_s
+    with session.request(method, url, stream=True, timeout=timeout_s, allow_redirects=False,
+                         **kwargs) as reply:  # type: ignore[arg-type]
+        cap = JSON_MAX_BYTES if reply.ok else ERROR_MAX_BYTES
+        try:
+            data = read_body(reply, deadline, cap)
+        except BodyTooLarge:
+            if reply.ok:
+                raise
+            data = bytearray()  # an error's status says enough
+        return reply.status_code, reply.headers, Body(data, reply.headers.get("Content-Type", "")).text()
 
 
 def resolve_model(spec: WorkloadSpec, base: str, models: list[dict] | Exception) -> str:
@@ -311,11 +336,14 @@ def _common_length(first: list[int], second: list[int]) -> int:
 
 
 def _tokenize_chat(base: str, session: requests.Session, headers: dict, messages: list[dict]) -> list[int]:
-    reply = session.post(base + "/tokenize", json={"messages": messages}, headers=headers, timeout=10,
-                         allow_redirects=False)
-    if reply.status_code != 200:
-        raise SpecError(f"endpoint: chat needs the server's /tokenize, which answered HTTP {reply.status_code}")
-    ids = reply.json().get("tokens")
+    try:
+        status, _, text = exchange(session, "POST", base + "/tokenize", PREFLIGHT_TIMEOUT_S,
+                                   json={"messages": messages}, headers=headers)
+    except PEER_FAULTS as exc:
+        raise SpecError(f"endpoint: chat needs the server's /tokenize, which did not answer ({exc!s:.80})") from None
+    if status != 200:
+        raise SpecError(f"endpoint: chat needs the server's /tokenize, which answered HTTP {status}")
+    ids = json.loads(text).get("tokens")
     if not isinstance(ids, list):
         raise SpecError("endpoint: chat needs the server's /tokenize to answer the prompt's token ids (tokens)")
     return ids

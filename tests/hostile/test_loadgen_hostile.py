@@ -120,3 +120,13 @@ def test_a_models_listing_redirecting_off_the_host_is_refused_in_one_line_and_no
     assert lines == [f"batchscope load: error: server: GET {server.url}/v1/models answered HTTP 302, a redirect to "
                      f"'{elsewhere.url}/v1/models', and redirects are not followed: give --host the server's own URL"]
     assert sum(elsewhere.seen.values()) == 0  # nothing arrived at the other host
+
+
+def test_a_models_listing_over_its_cap_is_refused_in_one_line_before_any_request(tmp_path):
+    # the pre-flight reads every peer answer within a cap (batchscope.bounded_read): 2 MiB is no model listing
+    with HostileServer("models-huge") as server:
+        result = load(tmp_path, server.url)
+        lines = result.run.log().strip().splitlines()
+        sent = server.seen["/v1/completions"]
+    assert result.run.returncode == 2 and result.summary == {} and sent == 0
+    assert lines == [f"batchscope load: error: model: 'auto' could not read {server.url}/v1/models (BodyTooLarge)"]
