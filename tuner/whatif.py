@@ -52,8 +52,10 @@ from tuner.results import (
 DEFAULT_PROFILE = SimulatorBackend().profile
 
 
-def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) -> RunResult:
-    """Run one setting of ``plan`` on the virtual clock; a configuration the simulator refuses is a failed run."""
+def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int,
+                on_step: StepObserver | None = None) -> RunResult:
+    """Run one setting of ``plan`` on the virtual clock; a configuration the simulator refuses is a failed run.
+    ``on_step`` sees every step too (run_timed's observer), after the window's own."""
     spec = plan.run_spec()
     started = now_iso()
     profile, seed = _profile_and_seed(plan)
@@ -75,7 +77,8 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int) ->
                                  f"{spec.input_tokens + spec.output_tokens} > max_model_len {deployment.max_model_len}")
     engine = deployment.new_engine()
     window = WindowStats(start=spec.warmup_s)
-    run = simulate(spec, engine, repeat, on_step=window.observe, vocab_size=deployment.vocab_size)
+    run = simulate(spec, engine, repeat, on_step=window.observe if on_step is None else _both(window.observe, on_step),
+                   vocab_size=deployment.vocab_size)
     end = run.duration if isinstance(spec.load, OfflineLoad) else spec.warmup_s + spec.duration_s
     window.close(engine, end)
     server = window.signals(deployment.kv_plan.kv_cache_tokens)
@@ -91,6 +94,14 @@ def simulate(spec: WorkloadSpec, engine: EngineCore, repeat: int, on_step: StepO
     model of ``vocab_size`` tokens."""
     return run_timed(engine, _source(spec, repeat), _stop(spec), max_in_flight=_cap(spec), on_step=on_step,
                      prompts=prompt_source(spec, vocab_size))
+
+
+def _both(first: StepObserver, second: StepObserver) -> StepObserver:
+    def observe(engine: EngineCore, step: Step) -> None:
+        first(engine, step)
+        second(engine, step)
+
+    return observe
 
 
 def prompt_source(spec: WorkloadSpec, vocab_size: int = ID_HIGH) -> PromptIds:
