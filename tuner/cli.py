@@ -3,8 +3,9 @@
     batchscope tune examples/one-knob.yaml                 # results/one-knob/<setting>-r<repeat>/run.json
     batchscope tune examples/one-knob.yaml --resume        # finish an interrupted plan
     batchscope tune examples/one-knob.yaml --what-if       # the simulator's virtual clock, in seconds
-    batchscope tune examples/one-knob.yaml --scenario server --what-if   # MLPerf Server: highest Poisson rate
-    batchscope report results/one-knob
+    batchscope tune examples/one-knob.yaml --scenario server --what-if   # MLPerf Server: highest sustained rate
+    batchscope report results/one-knob                     # the comparison, and the mlperf-*/ results if any
+    batchscope report results/one-knob.what-if/mlperf-server   # a scenario's results alone
 
 Exit status: 0 the plan ran (failed runs are recorded, not fatal), 2 bad input (an unwritable --results folder
 too), 4 nothing could be compared (every baseline run failed, or every variation's), 130 interrupted.
@@ -17,8 +18,10 @@ import sys
 from pathlib import Path
 
 from batchscope import exits
+from tuner.mlperf import FOLDER_PREFIX, ServerRules
 from tuner.plan import Plan, PlanError, load_plan
 from tuner.progress import Progress
+from tuner.report_scenarios import scenario_dirs
 from tuner.results import PLAN_FILE, CannotWrite, check_writable, load_results
 from tuner.runner import Interrupted, StopOnSignal, nothing_compared, plan_runs, run_plan
 from tuner.scenarios import SCENARIOS, describe, run_scenario
@@ -37,12 +40,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                            "line here (JSON, replaced atomically): `batchscope exporter --follow FILE` shows the run")
     tune.add_argument("--scenario", choices=SCENARIOS,
                       help="MLPerf scenario per setting instead of the plan's load: server (highest Poisson rate "
-                           "meeting the plan's p99 TTFT/TPOT bounds) or offline (all requests at once)")
+                           "sustained within the plan's p99 TTFT/TPOT bounds) or offline (all requests at once)")
     tune.add_argument("--start-rps", type=float, default=1.0, help="server scenario: first rate tried, req/s")
+    tune.add_argument("--min-queries", type=int, default=ServerRules().min_queries,
+                      help="server scenario: queries each point's window must receive (the window is stretched "
+                           "to fit them at the probed rate; MLPerf's min_query_count, scaled down)")
     tune.add_argument("--requests", type=int, default=1000, help="offline scenario: requests released at once")
     tune.set_defaults(run=run_tune)
-    report = commands.add_parser("report", help="write the comparison report of a plan's results")
-    report.add_argument("plan_dir", help="results/<plan> folder")
+    report = commands.add_parser("report", help="write the comparison report of a plan's results (with its "
+                                                 "MLPerf scenarios' results), or of a scenario's alone")
+    report.add_argument("plan_dir", help="results/<plan> or results/<plan>/mlperf-<scenario> folder")
     report.set_defaults(run=run_report)
 
 
@@ -97,23 +104,32 @@ def run_mlperf(args: argparse.Namespace, plan: Plan, plan_dir: Path, live_file: 
         return _error("--start-rps: must be in (0, 1e6] req/s")
     if not 0 < args.requests <= 1_000_000:
         return _error("--requests: must be in 1..1000000")
+    if not 0 < args.min_queries <= 1_000_000:
+        return _error("--min-queries: must be in 1..1000000")
     try:
         with StopOnSignal(), Progress(total=len(plan.settings())) as progress:
             results = run_scenario(plan, plan_dir, args.scenario, what_if=args.what_if, live_file=live_file,
-                                   progress=progress, start_rps=args.start_rps, offline_requests=args.requests)
+                                   progress=progress, start_rps=args.start_rps, offline_requests=args.requests,
+                                   rules=ServerRules(min_queries=args.min_queries))
     except Interrupted as exc:
         print(f"batchscope tune: interrupted ({exc})", file=sys.stderr)
         return exits.INTERRUPTED
     for result in results:
         print(describe(result))
-    print(f"batchscope tune: {args.scenario} scenario results in {plan_dir / ('mlperf-' + args.scenario)}")
+    out_dir = plan_dir / f"{FOLDER_PREFIX}{args.scenario}"
+    print(f"batchscope tune: {args.scenario} scenario results in {out_dir}")
+    try:
+        _print_report(out_dir)
+    except CannotWrite as exc:  # the results stand
+        print(f"batchscope tune: no report: {exc}", file=sys.stderr)
     return exits.OK
 
 
 def run_report(args: argparse.Namespace) -> int:
     plan_dir = Path(args.plan_dir)
-    if not (plan_dir / PLAN_FILE).is_file():
-        return _error(f"{plan_dir}: no {PLAN_FILE} (not a results/<plan> folder)", "report")
+    if not (plan_dir / PLAN_FILE).is_file() and not scenario_dirs(plan_dir):
+        return _error(f"{plan_dir}: no {PLAN_FILE} and no MLPerf scenario results (not a results/<plan> or "
+                      f"results/<plan>/mlperf-<scenario> folder)", "report")
     try:
         _print_report(plan_dir)
     except (ValueError, CannotWrite) as exc:  # no finished run, runs whose conditions differ, a folder it cannot write

@@ -5,6 +5,10 @@ and every finished run, compares them (tuner.compare) and writes the three files
 Comparison model, for machines). Human tables show latencies in ms and KV usage in %; the CSV and the JSON keep
 base units (s, ratio). Plots (tuner.report_plots) are embedded as base64 PNG, so the HTML page opens anywhere,
 offline. The tables' words and numbers: tuner.report_text.
+
+MLPerf's scenarios (tuner.report_scenarios): a plan folder's mlperf-*/ results are sections after the comparison;
+a folder holding only scenario results (a scenario-only plan folder, or mlperf-<scenario>/ itself) gets report.md
+and report.html of those sections alone.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from tuner.comparison import Comparison
 from tuner.metric_defs import METRICS
 from tuner.plan import BASELINE, Plan, Slos
 from tuner.report_plots import PLOTS
+from tuner.report_scenarios import Block, Heading, Paragraph, is_scenario_dir, scenario_blocks, scenario_dirs
 from tuner.report_text import (
     METRIC_HEAD,
     SETTINGS_HEAD,
@@ -33,31 +38,37 @@ from tuner.report_text import (
 )
 from tuner.results import PLAN_FILE, load_results, write_atomically
 
-FILES = ("report.md", "report.html", "report.csv", "comparison.json")
 CSV_COLUMNS = ("setting", "metric", "unit", "baseline", "value", "delta", "ci_low", "ci_high", "significant",
                "relative", "ci_method")
 
 
 def write_report(plan_dir: Path) -> list[Path]:
-    """Compare the plan's runs and write report.md, report.html, report.csv and comparison.json; return paths."""
+    """Compare the plan's runs and write report.md, report.html, report.csv and comparison.json, the scenarios'
+    sections included; without runs, report.md and report.html of the scenarios alone; return the paths."""
     plan_dir = Path(plan_dir)
-    results = load_results(plan_dir)
+    scenarios = scenario_blocks(scenario_dirs(plan_dir))
+    results = [] if is_scenario_dir(plan_dir) else load_results(plan_dir)
     if not results:
-        raise ValueError(f"report: no finished runs under {plan_dir} (no */run.json)")
+        if not scenarios:
+            raise ValueError(f"report: no finished runs under {plan_dir} (no */run.json) and no MLPerf scenario "
+                             f"results (no mlperf-server/ or mlperf-offline/)")
+        return _write(plan_dir, {"report.md": scenarios_markdown(plan_dir, scenarios),
+                                 "report.html": scenarios_html(plan_dir, scenarios)})
     plan = read_plan(plan_dir)
     order = [v.name for v in plan.variations] if plan else None
     comparison = compare(results, plan.slos if plan else Slos(), order=order)
-    outputs = {
-        "report.md": render_markdown(comparison),
-        "report.html": render_html(comparison),
+    return _write(plan_dir, {
+        "report.md": render_markdown(comparison, scenarios),
+        "report.html": render_html(comparison, scenarios),
         "report.csv": render_csv(comparison),
         "comparison.json": comparison.model_dump_json(indent=2),
-    }
-    paths = []
-    for name in FILES:
-        write_atomically(plan_dir / name, outputs[name])
-        paths.append(plan_dir / name)
-    return paths
+    })
+
+
+def _write(folder: Path, outputs: dict[str, str]) -> list[Path]:
+    for name, text in outputs.items():
+        write_atomically(folder / name, text)
+    return [folder / name for name in outputs]
 
 
 def read_plan(plan_dir: Path) -> Plan | None:
@@ -77,8 +88,27 @@ def md_table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(c: Comparison) -> str:
-    """report.md: conditions, settings, verdicts, one section per variation, failed runs."""
+def markdown_blocks(blocks: list[Block]) -> list[str]:
+    """The scenario sections' blocks as Markdown lines."""
+    out: list[str] = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            out += ["#" * block.level + " " + block.text, ""]
+        elif isinstance(block, Paragraph):
+            out += [block.text, ""]
+        else:
+            out += [md_table(block.head, block.rows), ""]
+    return out
+
+
+def scenarios_markdown(folder: Path, blocks: list[Block]) -> str:
+    """report.md of a folder holding only scenario results."""
+    return "\n".join([f"# MLPerf scenarios: {folder.name}", "", *markdown_blocks(blocks)])
+
+
+def render_markdown(c: Comparison, scenarios: list[Block] | None = None) -> str:
+    """report.md: conditions, settings, verdicts, one section per variation, failed runs, then the scenarios'
+    sections (when the plan folder has any)."""
     out = [f"# Tuning report: {c.plan}", "", mode_line(c), "", ci_line(c), "",
            "## Locked conditions", "", md_table(["condition", "value"], [list(r) for r in conditions_rows(c)]), "",
            f"SLOs: {slo_text(c.slos)}.", "",
@@ -92,6 +122,7 @@ def render_markdown(c: Comparison) -> str:
         out += [md_table(["run", "failure"], [[f"{f.setting}-r{f.repeat}", f.failure] for f in c.failed]), ""]
     else:
         out += ["None.", ""]
+    out += markdown_blocks(scenarios or [])
     out += [f"_Comparison schema {c.schema_version}, batchscope {c.tool_version}._", ""]
     return "\n".join(out)
 
@@ -152,7 +183,31 @@ def markdown_bold(text: str) -> str:
     return "".join(f"<strong>{p}</strong>" if i % 2 else p for i, p in enumerate(parts))
 
 
-def render_html(c: Comparison) -> str:
+def html_blocks(blocks: list[Block]) -> list[str]:
+    """The scenario sections' blocks as HTML elements."""
+    out = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            out.append(f"<h{block.level}>{html.escape(block.text)}</h{block.level}>")
+        elif isinstance(block, Paragraph):
+            out.append(f"<p>{html.escape(block.text)}</p>")
+        else:
+            out.append(html_table(block.head, block.rows))
+    return out
+
+
+def html_page(title: str, body: list[str]) -> str:
+    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def scenarios_html(folder: Path, blocks: list[Block]) -> str:
+    """report.html of a folder holding only scenario results."""
+    title = f"MLPerf scenarios: {folder.name}"
+    return html_page(title, [f"<h1>{html.escape(title)}</h1>", *html_blocks(blocks)])
+
+
+def render_html(c: Comparison, scenarios: list[Block] | None = None) -> str:
     """report.html: the Markdown report's content plus the plots, one self-contained page."""
     out = [f"<h1>Tuning report: {html.escape(c.plan)}</h1>",
            f"<p>{markdown_bold(mode_line(c))}</p>", f"<p class='note'>{html.escape(ci_line(c))}</p>",
@@ -173,7 +228,6 @@ def render_html(c: Comparison) -> str:
         out.append(html_table(["run", "failure"], [[f"{f.setting}-r{f.repeat}", f.failure] for f in c.failed]))
     else:
         out.append("<p>None.</p>")
+    out += html_blocks(scenarios or [])
     out.append(f"<p class='note'>Comparison schema {c.schema_version}, batchscope {html.escape(c.tool_version)}.</p>")
-    body = "\n".join(out)
-    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>Tuning report: "
-            f"{html.escape(c.plan)}</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+    return html_page(f"Tuning report: {c.plan}", out)

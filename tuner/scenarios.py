@@ -1,6 +1,8 @@
-"""MLPerf's scenarios for each setting of a plan: `server` (the highest Poisson rate meeting the p99 bounds) and
-`offline` (all requests at once, throughput). The search logic is tuner/mlperf.py's; this drives it with real-time
-runs (the plan's backend, restarted per point) or what-if runs, and keeps every point's data.
+"""MLPerf's scenarios for each setting of a plan: `server` (the highest Poisson rate sustained within the p99
+bounds) and `offline` (all requests at once, throughput). The search and its checks are tuner/mlperf.py's; this
+drives them with real-time runs (the plan's backend, restarted per point) or what-if runs, and gives each point
+its flow: the arrivals offered in the window and vLLM's waiting queue through it (on the virtual clock the
+engine's num_waiting at every step; in real time the load generator's summary and the /metrics samples).
 
 Layout: results/<plan>[.what-if]/mlperf-<scenario>/<setting>.json (the search or the offline result) and one
 folder per point, <setting>/rate-<rps>/ or <setting>/offline/, holding that run's data and run.json.
@@ -9,38 +11,70 @@ folder per point, <setting>/rate-<rps>/ or <setting>/offline/, holding that run'
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from loadgen.spec import PoissonLoad
 from tuner.backends import Server, make_server
-from tuner.mlperf import OfflineResult, ServerSearch, offline_plan, offline_throughput, poisson_plan, search_server
+from tuner.mlperf import (
+    FOLDER_PREFIX,
+    OfflineResult,
+    PointFlow,
+    QueueSample,
+    ServerPoint,
+    ServerRules,
+    ServerSearch,
+    flow_of,
+    offline_plan,
+    offline_throughput,
+    poisson_plan,
+    search_server,
+)
 from tuner.plan import Plan, ServingParams
 from tuner.progress import Progress
 from tuner.results import RUN_FILE, RunResult, write_atomically
 from tuner.runner import PlannedRun, run_one, what_if_run
+from tuner.signals import MetricsPoint, read_summary
+
+if TYPE_CHECKING:
+    from simulator.engine import EngineCore, Step
 
 SCENARIOS = ("server", "offline")
 ScenarioResult = ServerSearch | OfflineResult
+WAITING, RUNNING = "vllm:num_requests_waiting", "vllm:num_requests_running"
 
 
 def run_scenario(plan: Plan, plan_dir: Path, scenario: str, *, what_if: bool, live_file: Path | None,
-                 progress: Progress, start_rps: float, offline_requests: int) -> list[ScenarioResult]:
+                 progress: Progress, start_rps: float, offline_requests: int,
+                 rules: ServerRules | None = None) -> list[ScenarioResult]:
     """Run ``scenario`` for every setting of the plan; return (and save) one result per setting."""
     server = None if what_if else make_server(plan.backend)
-    out_dir = plan_dir / f"mlperf-{scenario}"
+    out_dir = plan_dir / f"{FOLDER_PREFIX}{scenario}"
     results: list[ScenarioResult] = []
     for index, (setting, params) in enumerate(plan.settings(), start=1):
         progress.begin(index, f"{scenario} {setting}")
-        points = _Points(plan, setting, params, out_dir / setting, server, progress, live_file)
+        points = _Points(plan, setting, params, out_dir / setting, server, progress, live_file, rules or ServerRules())
         result: ScenarioResult
         if scenario == "server":
-            result = search_server(setting, points.at_rate, plan.slos, start_rps=start_rps)
+            result = search_server(setting, points.at_rate, plan.slos, points.rules, start_rps=start_rps,
+                                   plan=plan.name, mode="what-if" if what_if else "real-time")
         else:
             result = offline_throughput(partial(points.offline, offline_requests))
         write_atomically(out_dir / f"{setting}.json", result.model_dump_json(indent=2))
         results.append(result)
     return results
+
+
+@dataclass
+class QueueTrace:
+    """The engine's waiting and running counts at each step of a virtual run (run_timed's observer)."""
+
+    samples: list[QueueSample] = field(default_factory=list)
+
+    def observe(self, engine: EngineCore, step: Step) -> None:
+        self.samples.append((step.start, engine.num_waiting, engine.num_running))
 
 
 @dataclass(frozen=True)
@@ -54,21 +88,64 @@ class _Points:
     server: Server | None
     progress: Progress
     live_file: Path | None
+    rules: ServerRules
 
-    def at_rate(self, rate: float) -> RunResult:
-        return self._measure(poisson_plan(self.plan, rate), f"rate-{rate:g}")
+    def at_rate(self, rate: float) -> tuple[RunResult, PointFlow | None]:
+        point_plan = poisson_plan(self.plan, rate, self.rules)
+        run_dir = self._clean(f"rate-{rate:g}")
+        if self.server is None:
+            self.progress.set_phase("virtual clock")
+            run, flow = measure_what_if(point_plan, self.setting, self.params)
+        else:
+            run = run_one(point_plan, PlannedRun(0, self.setting, self.params, 0), run_dir, self.server,
+                          self.progress, self.live_file)
+            flow = _real_time_flow(run_dir) if run.status == "ok" else None
+        write_atomically(run_dir / RUN_FILE, run.model_dump_json(indent=2))
+        return run, flow
 
     def offline(self, requests: int) -> RunResult:
-        return self._measure(offline_plan(self.plan, requests), "offline")
+        point_plan, run_dir = offline_plan(self.plan, requests), self._clean("offline")
+        planned = PlannedRun(0, self.setting, self.params, 0)
+        run = what_if_run(point_plan, planned, self.progress) if self.server is None \
+            else run_one(point_plan, planned, run_dir, self.server, self.progress, self.live_file)
+        write_atomically(run_dir / RUN_FILE, run.model_dump_json(indent=2))
+        return run
 
-    def _measure(self, point_plan: Plan, folder: str) -> RunResult:
-        run, run_dir = PlannedRun(0, self.setting, self.params, 0), self.setting_dir / folder
+    def _clean(self, folder: str) -> Path:
+        run_dir = self.setting_dir / folder
         if run_dir.exists():
             shutil.rmtree(run_dir)  # the same point measured again (a rerun of the scenario): start clean
-        result = what_if_run(point_plan, run, self.progress) if self.server is None \
-            else run_one(point_plan, run, run_dir, self.server, self.progress, self.live_file)
-        write_atomically(run_dir / RUN_FILE, result.model_dump_json(indent=2))
-        return result
+        return run_dir
+
+
+def measure_what_if(point_plan: Plan, setting: str, params: ServingParams) -> tuple[RunResult, PointFlow | None]:
+    """A server point on the virtual clock (repeat 0) and its flow: the arrivals are the ones run_what_if draws
+    (same seed), the queue the engine's at every step."""
+    from tuner.whatif import poisson_arrivals, run_what_if  # the virtual clock: another module's, loaded when used
+
+    load = point_plan.workload.load
+    assert isinstance(load, PoissonLoad), "a server point is a Poisson run (mlperf.poisson_plan)"
+    trace = QueueTrace()
+    run = run_what_if(point_plan, setting, params, 0, on_step=trace.observe)
+    if run.status != "ok":
+        return run, None
+    start = point_plan.warmup_s
+    end = start + point_plan.window_s
+    arrivals = poisson_arrivals(load.rate, end, point_plan.workload.seed)
+    return run, flow_of(int((arrivals >= start).sum()), trace.samples, start, end)
+
+
+def _real_time_flow(run_dir: Path) -> PointFlow | None:
+    """A real-time point's flow: offered from the load generator's summary, the queue from the /metrics samples
+    read every second (None when the summary or the samples are missing)."""
+    summary = read_summary(run_dir / "load")
+    samples_path = run_dir / "metrics-samples.jsonl"
+    if summary is None or summary.offered_rate_rps is None or not samples_path.exists():
+        return None
+    points = [MetricsPoint.model_validate_json(line) for line in samples_path.read_text().splitlines() if line]
+    samples = sorted((p.t, p.values.get(WAITING, 0.0), p.values.get(RUNNING, 0.0)) for p in points)
+    start, duration = summary.window_start_s, summary.effective_duration_s
+    return flow_of(round(summary.offered_rate_rps * duration), samples, start, start + duration)
 
 
 def describe(result: ScenarioResult) -> str:
@@ -76,14 +153,20 @@ def describe(result: ScenarioResult) -> str:
     if isinstance(result, ServerSearch):
         low, high = result.bracket_low_rps, result.bracket_high_rps
         bracket = f"[{_rate(low)}, {_rate(high)}] req/s"
-        return (f"server {result.setting}: highest rate meeting p99 TTFT/TPOT bounds in {bracket} "
-                f"after {len(result.points)} runs")
+        failing = next((p for p in result.points if p.rate_rps == high), None)
+        why = f"; at {_rate(high)}: {why_failed(failing)}" if failing is not None else ""
+        return (f"server {result.setting}: highest sustained rate within the p99 TTFT/TPOT bounds in {bracket} "
+                f"after {len(result.points)} runs{why}")
     if result.status != "ok":
         return f"offline {result.setting}: failed ({result.failure})"
     return (f"offline {result.setting}: {result.requests_per_s:.2f} req/s, {result.output_tokens_per_s:.0f} "
             f"output tokens/s ({result.completed} requests in {result.duration_s:.1f} s)")
 
 
+def why_failed(point: ServerPoint) -> str:
+    """The names of a failed point's failed checks (or its run's failure)."""
+    return point.failure or ", ".join(check.name for check in point.failed_checks()) or "passed"
+
+
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
-
