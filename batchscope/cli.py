@@ -15,7 +15,8 @@ COMMANDS = {
     "load": ("loadgen.cli", "send the fixed streaming load of a workload spec (Locust, headless)"),
     "exporter": ("exporter.cli", "serve vLLM + client metrics + serving config as one target"),
     "tune": ("tuner.cli", "run a tuning plan: one serving parameter changed at a time"),
-    "report": ("tuner.cli", "write the comparison report of a plan's results"),
+    "report": ("tuner.cli", "write the comparison report of a plan's results (with its MLPerf scenarios' "
+                          "results), or of a scenario's alone"),
 }
 
 
