@@ -172,6 +172,24 @@ def prompt_id_range(spec: WorkloadSpec, probe: Callable[[int], tuple[int | None,
     return ids
 
 
+def probes_answered(spec: WorkloadSpec, vocab_size: int) -> int:
+    """How many of the pre-flight's one-token probes a server whose vocabulary has ``vocab_size`` ids answers
+    with a generation (each counts in its /metrics as a request of one prompt and one output token): the
+    bisection is deterministic, so replaying it against the known vocabulary tells. Chat probes nothing."""
+    if spec.endpoint == "chat":
+        return 0
+    answered = []
+
+    def probe(token_id: int) -> tuple[int, str]:
+        if token_id < vocab_size:
+            answered.append(token_id)
+            return 200, "{}"
+        return 400, f"Token id {token_id} is {OUT_OF_VOCABULARY}"
+
+    prompt_id_range(spec, probe)
+    return len(answered)
+
+
 def check_id_span(spec: WorkloadSpec, ids: tuple[int, int], vocab_size: int) -> None:
     """Refuse a vocabulary whose ids cannot make each request's prompt its own: fewer than MIN_ID_SPAN, or a salt
     that tells fewer requests of a worker apart than the run plans in all (offline, Poisson; a closed loop's

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.spec import WorkloadSpec
-from loadgen.target import OUT_OF_VOCABULARY, prompt_id_range
+from loadgen.target import probes_answered
 from tests.conftest import run_load
 from tests.real_vllm.support import SERVED_NAME, VllmServer, tier
 
@@ -50,21 +50,8 @@ def assert_loosely_above(client_mean: float, server: float, what: str) -> None:
 
 
 def answered_probes(load_spec: dict) -> int:
-    """How many of the pre-flight's one-token vocabulary probes the tiny model answers (and vLLM counts as
-    requests of one prompt and one output token): the bisection is deterministic, so a replay against the
-    model's known vocabulary tells. Chat prompts are words, found through /tokenize: no probe."""
-    if load_spec["endpoint"] == "chat":
-        return 0
-    vocab, answered = tier().model_facts()["vocab_size"], []
-
-    def probe(token_id: int) -> tuple[int, str]:
-        if token_id < vocab:
-            answered.append(token_id)
-            return 200, "{}"
-        return 400, f"Token id {token_id} is {OUT_OF_VOCABULARY}"
-
-    prompt_id_range(WorkloadSpec.model_validate(load_spec), probe)
-    return len(answered)
+    """The pre-flight's vocabulary probes the tiny model answers (vLLM counts each as a one-token request)."""
+    return probes_answered(WorkloadSpec.model_validate(load_spec), tier().model_facts()["vocab_size"])
 
 
 def spec(**fields) -> dict:
@@ -94,9 +81,12 @@ def test_an_offline_batch_gets_exact_lengths_and_vllm_counts_every_request_and_t
     assert delta(before, after, "vllm:request_success_total") == 24 + probes
     assert delta(before, after, "vllm:generation_tokens_total") == 12 * 24 + probes
     assert delta(before, after, "vllm:prompt_tokens_total") == 96 * 24 + probes
-    # every token is a stream event (empty texts included), so our gaps are vLLM's inter-token latencies
-    assert [len(r["itl_s"]) for r in records] == [11] * 24
+    # every token is a stream event (empty texts included: the random model writes some), so our gaps are
+    # vLLM's inter-token latencies, except where vLLM merged tokens into one event because its API server lagged
+    # (its output collector does): rare on a quiet run, never more gaps than tokens
     assert delta(before, after, "vllm:inter_token_latency_seconds_count") == 11 * 24
+    gaps = [len(r["itl_s"]) for r in records]
+    assert max(gaps) == 11 and sum(gaps) >= 0.95 * 11 * 24, gaps
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
