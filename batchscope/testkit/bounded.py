@@ -1,5 +1,8 @@
 """A child run to its end under an address-space limit and a deadline, measured: exit status, wall time and its
-own peak RSS (the kernel's ru_maxrss from wait4: exact, not sampled, and the child's alone).
+own peak RSS: the kernel's high-water mark of the program's memory (/proc/PID/status VmHWM), read every poll
+once the child has exec'd it. Not wait4's ru_maxrss: Linux folds the forking parent's high-water mark into it
+at exec, so a child of a large test process (pytest after the real-vLLM tier: ~300 MB) read as that large.
+Only growth in the last poll interval before the exit goes unseen.
 
 For runs against a server that may make them misbehave (batchscope/testkit/hostile.py): a runaway allocation
 fails against the limit instead of eating the host, and a run that does not end is killed (SIGKILL to its
@@ -22,7 +25,10 @@ from pathlib import Path
 
 import yaml
 
+from batchscope.testkit.procfs import status_mb
+
 POLL_S = 0.02
+PROC = Path("/proc")
 
 
 @dataclass
@@ -56,21 +62,34 @@ def run_bounded(args: list[str], log_path: Path, *, timeout_s: float, address_sp
     with open(log_path, "wb") as log:
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                    preexec_fn=limited(address_space_bytes, core))
-    timed_out = False
-    pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+    timed_out, peak_mb = False, 0.0
+    own_cmdline = "\0".join(args).encode()
+    pid, status, _ = os.wait4(process.pid, os.WNOHANG)
     while not pid:
+        peak_mb = max(peak_mb, program_hwm_mb(process.pid, own_cmdline))
         if time.monotonic() - start > timeout_s:
             timed_out = True
             with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                 os.killpg(process.pid, signal.SIGKILL)
-            pid, status, usage = os.wait4(process.pid, 0)  # SIGKILL cannot be ignored: this returns
+            pid, status, _ = os.wait4(process.pid, 0)  # SIGKILL cannot be ignored: this returns
             break
         time.sleep(POLL_S)  # the polling interval of a bounded wait
-        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        pid, status, _ = os.wait4(process.pid, os.WNOHANG)
     wall_s = time.monotonic() - start
     process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-    return BoundedRun(returncode=process.returncode, wall_s=wall_s, peak_rss_mb=usage.ru_maxrss / 1024,
-                      timed_out=timed_out, log_path=log_path)
+    return BoundedRun(returncode=process.returncode, wall_s=wall_s, peak_rss_mb=peak_mb, timed_out=timed_out,
+                      log_path=log_path)
+
+
+def program_hwm_mb(pid: int, own_cmdline: bytes) -> float:
+    """VmHWM of ``pid`` once it runs its own program (its command line is ``own_cmdline``), else 0: before the
+    exec the forked child still holds its parent's memory."""
+    try:
+        if not (PROC / str(pid) / "cmdline").read_bytes().startswith(own_cmdline):
+            return 0.0
+        return status_mb(pid, "VmHWM")
+    except (OSError, ProcessLookupError):  # gone, or a zombie without memory lines
+        return 0.0
 
 
 @dataclass
