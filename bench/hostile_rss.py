@@ -5,7 +5,8 @@ body never ends, an SSE event that never ends) this process, pinned to core 0, s
 batchscope/testkit/hostile.py's server from a thread, and `batchscope load` runs a closed loop of --concurrency
 streaming users against it for --seconds, pinned to core 1, under an address space of AS_LIMIT_BYTES (a runaway
 fails against it, as it once took 22 GB in 65 s). Reported per mode: the outcomes, the exit status, the requests
-the server saw, the wall time, and the load process's peak RSS (its VmHWM once it runs its own program, batchscope/testkit/bounded.py).
+the server saw, the wall time, and the load process's peak RSS (its VmHWM once it runs its own program:
+batchscope/testkit/bounded.py).
 
 Target: peak RSS <= 300 MB in every mode (at rest the load takes ~85 MB; each mode's caps, a 16 MiB chunk, a
 64 KiB error body, a 1 MiB event, per in-flight request, keep it far below). Exit status 0 whatever the
