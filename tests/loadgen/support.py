@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadgen.http import ConnectionPool, Follow
 from loadgen.metrics import ClientStats
-from loadgen.request import RequestRecord
+from loadgen.request import RequestRecord, measure
+from loadgen.spec import load_spec
+from loadgen.target import Target, build_target
 from loadgen.window import in_window
 
 
@@ -34,3 +39,19 @@ def streams_running(sim_url: str) -> bool:
     text = requests.get(sim_url + "/metrics", timeout=5).text
     running = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
     return bool(running) and float(running[0].split()[-1]) > 1
+
+
+def target_for(url: str, **spec_fields) -> Target:
+    fields = {"input_tokens": 50, "output_tokens": 20, "timeout_s": 10, "load.mode": "offline", "load.requests": 1}
+    fields.update(spec_fields)
+    return build_target(load_spec(None, [f"{k}={v}" for k, v in fields.items()]), url)
+
+
+def send(target: Target, pool: ConnectionPool | None = None, follow: Follow | None = None) -> RequestRecord:
+    record = RequestRecord(request_id="t", worker=0, scheduled_s=time.time())
+    pool = pool or ConnectionPool(target.endpoint, target.timeout_s)
+    connection = pool.acquire()
+    try:
+        return measure(connection, target, record, {}, follow)
+    finally:
+        pool.release(connection)

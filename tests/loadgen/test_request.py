@@ -10,30 +10,15 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.http import ConnectionPool, Follow
+from loadgen.http import ConnectionPool
 from loadgen.reader import StreamReader
-from loadgen.request import RequestRecord, measure, rejected
-from loadgen.spec import SpecError, load_spec
-from loadgen.target import VOCAB_PROBES, Target, build_target
+from loadgen.request import rejected
+from loadgen.spec import SpecError
+from loadgen.target import VOCAB_PROBES, Target
 from tests.conftest import free_port
+from tests.loadgen.support import send, target_for
 
 pytestmark = pytest.mark.e2e
-
-
-def target_for(url: str, **spec_fields) -> Target:
-    fields = {"input_tokens": 50, "output_tokens": 20, "timeout_s": 10, "load.mode": "offline", "load.requests": 1}
-    fields.update(spec_fields)
-    return build_target(load_spec(None, [f"{k}={v}" for k, v in fields.items()]), url)
-
-
-def send(target: Target, pool: ConnectionPool | None = None, follow: Follow | None = None) -> RequestRecord:
-    record = RequestRecord(request_id="t", worker=0, scheduled_s=time.time())
-    pool = pool or ConnectionPool(target.endpoint, target.timeout_s)
-    connection = pool.acquire()
-    try:
-        return measure(connection, target, record, {}, follow)
-    finally:
-        pool.release(connection)
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])

@@ -3,34 +3,21 @@ the same way (its parity with the release we test): the outcome, the status and 
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import pytest
 
-from loadgen.http import ConnectionPool
-from loadgen.request import RequestRecord, measure, rejected
-from loadgen.spec import load_spec
-from loadgen.target import Target, build_target
+from loadgen.request import RequestRecord, rejected
+from loadgen.target import Target
+from tests.loadgen.support import send, target_for
 from tests.real_vllm.support import SERVED_NAME, tier
 
 MAX_MODEL_LEN = 1024
 
 
-def target_for(url: str, **spec_fields) -> Target:
-    fields = {"input_tokens": 50, "output_tokens": 20, "timeout_s": 30, "load.mode": "offline", "load.requests": 1}
-    fields.update(spec_fields)
-    return build_target(load_spec(None, [f"{k}={v}" for k, v in fields.items()]), url)
-
-
-def send(target: Target, **body) -> RequestRecord:
-    record = RequestRecord(request_id="t", worker=0, scheduled_s=time.time())
-    pool = ConnectionPool(target.endpoint, target.timeout_s)
-    connection = pool.acquire()
-    try:
-        return measure(connection, replace(target, body={**target.body, **body}), record, {})
-    finally:
-        pool.release(connection)
+def send_with(target: Target, **body) -> RequestRecord:
+    """One request of ``target`` with ``body``'s fields in its body (the loadgen tests' send)."""
+    return send(replace(target, body={**target.body, **body}))
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +49,10 @@ def answer(record: RequestRecord) -> tuple:
 def test_a_refused_request_is_a_counted_rejection_and_the_simulator_refuses_it_alike(vllm, parity_simulator, case):
     body = {key: value for key, value in CASES[case].items() if value is not None}
     drop = [key for key, value in CASES[case].items() if value is None]
-    real_target, sim_target = target_for(vllm.url), target_for(parity_simulator.url)
+    real_target, sim_target = target_for(vllm.url, timeout_s=30), target_for(parity_simulator.url, timeout_s=30)
     real_target = replace(real_target, body={k: v for k, v in real_target.body.items() if k not in drop})
     sim_target = replace(sim_target, body={k: v for k, v in sim_target.body.items() if k not in drop})
-    real, simulated = send(real_target, **body), send(sim_target, **body)
+    real, simulated = send_with(real_target, **body), send_with(sim_target, **body)
     assert answer(real) == ("http_error", 400, True), real.error
     assert answer(simulated) == answer(real)
     assert simulated.error == real.error  # vLLM's own message, word for word
@@ -75,5 +62,5 @@ def test_a_request_longer_than_the_context_is_cut_not_refused(vllm, parity_simul
     # prompt + max_tokens past max_model_len: vLLM 0.32 cuts max_tokens to what the context leaves
     prompt = [1500] * (MAX_MODEL_LEN - 8)
     for server in (vllm, parity_simulator):
-        record = send(target_for(server.url), prompt=prompt)
+        record = send_with(target_for(server.url, timeout_s=30), prompt=prompt)
         assert (record.outcome, record.prompt_tokens, record.output_tokens) == ("length_mismatch", 1016, 8)
