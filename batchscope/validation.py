@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import yaml
 from pydantic import ValidationError
 
 TAGGED_UNION_ERRORS = ("union_tag_invalid", "union_tag_not_found")
@@ -27,3 +28,12 @@ def first_error(exc: ValidationError, *, drop: Iterable[str] = (),
     message = error["msg"].removeprefix("Value error, ")
     field = ".".join(parts)
     return (field_name(field) if field else ""), message, error["type"]
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where and what a YAML parse error is, as 'line L, column C: problem' (1-based, as editors count)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = " ".join(str(getattr(exc, "problem", None) or exc.__class__.__name__).split())
+    if mark is None:
+        return str(problem)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from batchscope.secrets import mask_mapping
-from batchscope.validation import TAGGED_UNION_ERRORS, first_error
+from batchscope.validation import TAGGED_UNION_ERRORS, first_error, yaml_problem
 
 MAX_TOKENS = 10_000_000  # per request, prompt or output: beyond any model's context
 MAX_CONCURRENCY = 100_000  # users, or requests in flight
@@ -160,7 +160,7 @@ def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> Wo
         except UnicodeDecodeError:
             raise SpecError(f"spec: {path} is not UTF-8 text") from None
         except yaml.YAMLError as exc:
-            raise SpecError(f"spec: {path} is not valid YAML ({exc.__class__.__name__})") from None
+            raise SpecError(f"spec: {path} is not valid YAML ({yaml_problem(exc)})") from None
         if not isinstance(data, dict):
             raise SpecError(f"spec: {path} must hold a mapping of fields")
     for item in overrides or []:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 
 from batchscope import run_ids, vllm_knobs
 from batchscope.secrets import mask_argv, mask_command
-from batchscope.validation import TAGGED_UNION_ERRORS, first_error
+from batchscope.validation import TAGGED_UNION_ERRORS, first_error, yaml_problem
 from loadgen.spec import WorkloadSpec
 
 SCHEMA_VERSION: Final = 1
@@ -28,6 +28,8 @@ BASELINE = "baseline"  # the reference setting's name; a variation may not take 
 LOAD_MODES = ("concurrency", "poisson", "offline")
 # The serving parameters a variation may change: the seed's three knobs and the two lengths they depend on.
 TUNABLE = vllm_knobs.KNOB_NAMES
+# What the report's one recommendation optimises, among the settings that met the SLOs (tuner.verdicts.OBJECTIVES)
+Objective = Literal["goodput", "throughput", "ttft_p99", "ttft_mean", "tpot_p99", "tpot_mean"]
 
 
 class PlanError(ValueError):
@@ -163,6 +165,16 @@ class Slos(BaseModel):
     ttft_p99_s: float | None = Field(2.0, gt=0, description="Bound on client p99 TTFT, seconds.")
     tpot_p99_s: float | None = Field(0.2, gt=0, description="Bound on client p99 TPOT, seconds.")
 
+    def met_by(self, ttft_s: float, tpot_s: float | None) -> bool:
+        """One request within both bounds, vLLM bench serve's goodput rule (a one-token request has no TPOT: it
+        passes that bound, as vLLM counts its TPOT as 0)."""
+        return (self.ttft_p99_s is None or ttft_s <= self.ttft_p99_s) and \
+            (self.tpot_p99_s is None or tpot_s is None or tpot_s <= self.tpot_p99_s)
+
+    def count_met(self, requests: list[tuple[float, float | None]]) -> int:
+        """How many of the (TTFT, TPOT) requests met both bounds: the count behind goodput."""
+        return sum(self.met_by(ttft, tpot) for ttft, tpot in requests)
+
 
 class Plan(BaseModel):
     """A whole tuning plan."""
@@ -181,6 +193,9 @@ class Plan(BaseModel):
     warmup_s: float = Field(10.0, ge=0, le=86_400, description="Load before the window, seconds (not measured).")
     window_s: float = Field(60.0, gt=0, le=86_400, description="Measurement window per run, seconds.")
     slos: Slos = Field(default_factory=Slos, description="Bounds for the verdict (and MLPerf's server search).")
+    objective: Objective = Field("goodput", description="What the report recommends by, among the settings that "
+                                 "met the SLOs: goodput (completed requests per second that met every SLO), "
+                                 "throughput, or a latency (lowest ttft_p99, ttft_mean, tpot_p99, tpot_mean).")
     prometheus_url: str | None = Field(None, description="Prometheus to query for each run's window (optional).")
     grafana_url: str | None = Field(None, description="Grafana to annotate each run as a region (optional).")
 
@@ -203,12 +218,13 @@ class Plan(BaseModel):
     def settings(self) -> list[tuple[str, ServingParams]]:
         """(name, parameters) of every setting, the baseline first; raises PlanError for an invalid one."""
         out = [(BASELINE, self.baseline)]
-        for variation in self.variations:
+        for index, variation in enumerate(self.variations):
             try:
                 # the fields as they are (dict()), not a dump: a dump masks secret extra flags
                 params = ServingParams.model_validate({**dict(self.baseline), **variation.set})
             except ValidationError as exc:
-                raise PlanError(one_line(exc, f"variations.{variation.name}")) from None
+                # the path as the plan file spells it, as every other plan error does
+                raise PlanError(one_line(exc, f"variations.{index}.set")) from None
             out.append((variation.name, params))
         return out
 
@@ -246,8 +262,10 @@ def _read_mapping(path: Path, what: str) -> dict:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise PlanError(f"{what}: cannot read {path}: {exc.strerror}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise PlanError(f"{what}: {path} is not valid YAML ({exc.__class__.__name__})") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{what}: {path} is not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        raise PlanError(f"{what}: {path} is not valid YAML ({yaml_problem(exc)})") from None
     if not isinstance(data, dict):
         raise PlanError(f"{what}: {path} must hold a mapping of fields")
     return data

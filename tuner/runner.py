@@ -33,13 +33,22 @@ import yaml
 
 from batchscope.listen import free_port
 from batchscope.live_run import LiveRun
+from batchscope.nested import first_difference
 from batchscope.vllm_log import failure_cause
 from tuner.backends import CAUSE_LINES, Server, StartFailed, die_with_parent, make_server, stop_process, tail
 from tuner.compare import changed_params
 from tuner.plan import BASELINE, Plan, PlanError, ServingParams
 from tuner.progress import Progress, read_client
 from tuner.results import PLAN_FILE, RUN_FILE, RunResult, RunStart, now_iso, run_name, save, write_atomically
-from tuner.signals import MetricsPoint, client_figures, parse_metrics, read_summary, request_samples, server_signals
+from tuner.signals import (
+    MetricsPoint,
+    client_figures,
+    good_requests,
+    parse_metrics,
+    read_summary,
+    request_samples,
+    server_signals,
+)
 
 SAMPLE_INTERVAL_S = 1.0
 MAX_SAMPLES = 24 * 3600  # a day of one-second samples: bounded memory whatever the window
@@ -92,9 +101,22 @@ def prepare_plan_dir(plan: Plan, plan_dir: Path, resume: bool) -> None:
     written = plan_dir / PLAN_FILE
     if any(plan_dir.glob(f"*/{RUN_FILE}")) and not resume:
         raise PlanError(f"results: {plan_dir} already holds runs; pass --resume to finish the plan, or remove it")
-    if resume and written.exists() and json.loads(written.read_text()) != json.loads(plan.model_dump_json()):
-        raise PlanError(f"results: {written} was written by a different plan; --resume needs the same plan")
+    if resume and written.exists():
+        _refuse_another_plan(written, json.loads(plan.model_dump_json()))
     write_atomically(written, plan.model_dump_json(indent=2))
+
+
+def _refuse_another_plan(written: Path, plan: dict) -> None:
+    """PlanError naming the first field on which the plan differs from the one that wrote the folder."""
+    try:
+        before = json.loads(written.read_text())
+    except (OSError, ValueError):
+        raise PlanError(f"results: {written} is not a plan written by batchscope tune; remove the folder") from None
+    difference = first_difference(before, plan) if isinstance(before, dict) else ("plan", before, plan)
+    if difference is not None:
+        field, old, new = difference
+        raise PlanError(f"results: --resume needs the same plan, but {field} is {old!r} in {written} and {new!r} "
+                        "now; restore it, or write to another --results folder")
 
 
 def run_plan(plan: Plan, plan_dir: Path, *, resume: bool, what_if: bool, live_file: Path | None,
@@ -248,11 +270,13 @@ def measured(plan: Plan, base: RunStart, kv_capacity_tokens: int | None, load: L
         return RunResult(**base, finished_at=finished_at, status="failed",
                          failure=f"load generator exited with status {code} and wrote no summary: {last}"), None
     window_end = summary.window_start_s + summary.effective_duration_s
+    records = load.out / "records.jsonl"
     failure = summary.failure or (f"load generator exited with status {code}" if code else None)
     signals = server_signals(points, summary.window_start_s, window_end, kv_capacity_tokens) \
         if points else None
     result = RunResult(**base, finished_at=finished_at, status="failed" if code else "ok", failure=failure,
-                       client=client_figures(summary), samples=request_samples(load.out / "records.jsonl", summary),
+                       client=client_figures(summary, good_requests(records, summary, plan.slos)),
+                       samples=request_samples(records, summary),
                        server=signals,
                        prometheus=query_prometheus(plan.prometheus_url, summary.window_start_s, window_end))
     return result, (summary.window_start_s, window_end)

@@ -73,3 +73,11 @@ def test_cli_rejects_a_bad_spec_in_one_line_before_starting_locust(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "batchscope load: error: spec: output_tokens: Input should be greater than 0"]
+
+
+def test_a_spec_that_is_not_yaml_names_the_line_and_column(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("input_tokens: 8\n  output_tokens: 8\n")
+    with pytest.raises(SpecError) as error:
+        load_spec(path)
+    assert str(error.value) == f"spec: {path} is not valid YAML (line 2, column 16: mapping values are not allowed here)"

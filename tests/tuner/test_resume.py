@@ -11,6 +11,8 @@ import pytest
 from batchscope.cli import main
 from tests.conftest import wait_until
 from tests.tuner.support import kill_group, run_files, server_ports, start_tune, tiny_plan, tune, write_plan
+from tuner.plan import load_plan
+from tuner.runner import prepare_plan_dir
 
 EXPECTED = {"baseline-r0", "mns-2-r0", "baseline-r1", "mns-2-r1"}
 
@@ -76,3 +78,17 @@ def test_a_second_tune_without_resume_refuses_to_mix_results(tmp_path, capsys):
     assert main(["tune", str(plan_path), "--results", str(tmp_path / "results")]) == 2
     err = capsys.readouterr().err
     assert "--resume" in err and err.count("\n") == 1 and finished.read_text() == "{}"
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"workload": {**tiny_plan()["workload"], "load": {"mode": "concurrency", "concurrency": 5}}},
+     "workload.load.concurrency is 4 in "),
+    ({"variations": [{"name": "mns-2", "set": {"max_num_seqs": 3}}]}, "variations.0.set.max_num_seqs is 2 in "),
+])
+def test_a_refused_resume_names_the_field_that_changed(tmp_path, capsys, change, named):
+    results = tmp_path / "results"
+    prepare_plan_dir(load_plan(write_plan(tmp_path, tiny_plan())), results / "tiny", resume=False)
+    changed = write_plan(tmp_path, tiny_plan(**change), name="changed.yaml")
+    assert main(["tune", str(changed), "--results", str(results), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--resume needs the same plan, but " + named in err, err

@@ -12,7 +12,10 @@ from tests.tuner.support import tiny_plan, write_plan
     ({"variations": [{"name": "two", "set": {"max_num_seqs": 64, "max_num_batched_tokens": 4096}}]},
      "variations.0: changes 2 parameters"),
     ({"variations": [{"name": "odd", "set": {"max_num_sequences": 64}}]}, "max_num_sequences"),
-    ({"variations": [{"name": "high", "set": {"gpu_memory_utilization": 1.5}}]}, "variations.high"),
+    # a variation's path is the plan file's own (its index and `set`), as every other field's
+    ({"variations": [{"name": "ok", "set": {"max_num_seqs": 2}},
+                     {"name": "high", "set": {"gpu_memory_utilization": 1.5}}]},
+     "variations.1.set.gpu_memory_utilization: Input should be less than or equal to 1"),
     ({"baseline": {"max_model_len": 1024}}, "baseline.model"),
     ({"warmup_s": -1}, "warmup_s"),
     ({"backend": {"kind": "kubernetes"}}, "backend"),
@@ -31,6 +34,18 @@ def test_a_bad_plan_is_one_line_naming_the_field(tmp_path, capsys, change, field
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("batchscope tune: error: plan: ") and field in err
     assert "Traceback" not in err and not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("name: x\nbaseline: {max_num_seqs: [1\n", "line 3, column 1: expected ',' or ']'"),
+    ("name: x\n  repeats: 2\n", "line 2, column 10: mapping values are not allowed here"),
+])
+def test_a_plan_that_is_not_yaml_names_the_line_and_column(tmp_path, capsys, text, where):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(text)
+    assert main(["tune", str(plan), "--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"is not valid YAML ({where}" in err, err
 
 
 def test_two_parameters_are_allowed_when_marked_as_a_combination(tmp_path):
