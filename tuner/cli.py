@@ -24,7 +24,7 @@ from tuner.progress import Progress
 from tuner.report_scenarios import scenario_dirs
 from tuner.results import PLAN_FILE, CannotWrite, check_writable, load_results
 from tuner.runner import Interrupted, StopOnSignal, nothing_compared, plan_runs, run_plan
-from tuner.scenarios import SCENARIOS, describe, run_scenario
+from tuner.scenarios import SCENARIOS, describe, nothing_measured, run_scenario
 
 WHAT_IF_SUFFIX = ".what-if"  # what-if results sit beside the real-time ones, never mixed with them
 
@@ -122,6 +122,10 @@ def run_mlperf(args: argparse.Namespace, plan: Plan, plan_dir: Path, live_file: 
         _print_report(out_dir)
     except CannotWrite as exc:  # the results stand
         print(f"batchscope tune: no report: {exc}", file=sys.stderr)
+    problem = nothing_measured(results)
+    if problem:
+        print(f"batchscope tune: error: {problem}", file=sys.stderr)
+        return exits.RUN_FAILED
     return exits.OK
 
 

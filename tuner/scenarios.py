@@ -32,7 +32,7 @@ from tuner.mlperf import (
     poisson_plan,
     search_server,
 )
-from tuner.plan import Plan, ServingParams
+from tuner.plan import BASELINE, Plan, ServingParams
 from tuner.progress import Progress
 from tuner.results import RUN_FILE, RunResult, write_atomically
 from tuner.runner import PlannedRun, run_one, what_if_run
@@ -161,6 +161,25 @@ def describe(result: ScenarioResult) -> str:
         return f"offline {result.setting}: failed ({result.failure})"
     return (f"offline {result.setting}: {result.requests_per_s:.2f} req/s, {result.output_tokens_per_s:.0f} "
             f"output tokens/s ({result.completed} requests in {result.duration_s:.1f} s)")
+
+
+def failure_of(result: ScenarioResult) -> str | None:
+    """Why a setting's scenario measured nothing (its offline run failed, or every server point's run did); None
+    when it measured something (a server point that ran but missed the bounds is a measurement)."""
+    if isinstance(result, OfflineResult):
+        return None if result.status == "ok" else result.failure or "failed (no reason recorded)"
+    failures = [point.failure for point in result.points]
+    return failures[0] or "failed (no reason recorded)" if failures and all(failures) else None
+
+
+def nothing_measured(results: list[ScenarioResult]) -> str | None:
+    """Why a scenario's results compare nothing, in one line (the plan's rule: tuner.runner.nothing_compared)."""
+    failures = {result.setting: failure_of(result) for result in results}
+    if failures.get(BASELINE) is not None:
+        return f"the baseline's runs all failed ({failures[BASELINE]}): nothing to compare with"
+    if len(failures) > 1 and all(failure is not None for setting, failure in failures.items() if setting != BASELINE):
+        return "every variation's runs failed: nothing was compared with the baseline"
+    return None
 
 
 def why_failed(point: ServerPoint) -> str:

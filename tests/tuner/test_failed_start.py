@@ -128,3 +128,17 @@ def test_a_command_that_cannot_be_run_is_a_failed_start_not_a_traceback(tmp_path
     failed = run_files(tmp_path / "results" / "tiny")["baseline-r0"]
     assert failed["failure"] == "cannot run no-such-vllm-7c1e: No such file or directory"
     assert failed["command_line"][:2] == ["no-such-vllm-7c1e", "serve"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("scenario", "variation_fails"), [("offline", False), ("server", False), ("offline", True)])
+def test_a_scenario_that_measured_nothing_to_compare_exits_4(tmp_path, scenario, variation_fails):
+    # a KV cache that cannot hold one request fails every start, on the virtual clock as on a server
+    small = {"gpu_memory_utilization": 0.05}
+    plan = tiny_plan(baseline={"model": "sim-model", "max_model_len": 1024, **({} if variation_fails else small)},
+                     variations=[{"name": "gmu-0.05", "set": small}] if variation_fails else [])
+    result = tune(tmp_path, write_plan(tmp_path, plan), "--scenario", scenario, "--what-if", "--requests", "8")
+    assert result.returncode == 4 and "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    expected = "every variation's runs failed" if variation_fails else "the baseline's runs all failed ("
+    assert last.startswith(f"batchscope tune: error: {expected}"), last
