@@ -11,6 +11,7 @@ the knobs a setting sets are passed (batchscope.vllm_knobs): vLLM picks the othe
 from __future__ import annotations
 
 import ctypes
+import os
 import shlex
 import signal
 import subprocess
@@ -279,8 +280,11 @@ class DockerServer:
             api.remove_container(old["Id"])
             self.container_id = api.create_container(**spec)["Id"]
             api.start(self.container_id)
+        except docker.errors.NotFound:
+            raise StartFailed(f"docker: no container named {self.backend.container} (backend.container: the name "
+                              "`docker ps` shows for the running vLLM)", []) from None
         except docker.errors.DockerException as exc:
-            raise StartFailed(f"docker: {' '.join(str(exc).split())[:200]}", []) from None
+            raise StartFailed(f"docker: {docker_reason(exc)}", []) from None
         command_line = mask_argv([*(spec["entrypoint"] or []), *spec["command"]])
         url = self.backend.url.rstrip("/")
         try:
@@ -320,6 +324,15 @@ class DockerServer:
 
     def log_tail(self, lines: int = TAIL_LINES) -> list[str]:
         return tail(self._logs(lines), lines)
+
+
+def docker_reason(exc: Exception) -> str:
+    """One line for a docker SDK error: no engine answering says where it was looked for, else the SDK's words."""
+    words = " ".join(str(exc).split())
+    if "Error while fetching server API version" in words:  # the SDK's first request found no engine
+        where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        return f"no Docker engine answers at {where} (is dockerd running, and DOCKER_HOST right?)"
+    return words[:200]
 
 
 def _docker_from_env() -> DockerClient:

@@ -142,3 +142,15 @@ def test_a_scenario_that_measured_nothing_to_compare_exits_4(tmp_path, scenario,
     last = result.stderr.strip().splitlines()[-1]
     expected = "every variation's runs failed" if variation_fails else "the baseline's runs all failed ("
     assert last.startswith(f"batchscope tune: error: {expected}"), last
+
+
+@pytest.mark.e2e
+def test_a_docker_backend_without_an_engine_is_a_recorded_failed_run_in_one_line(tmp_path):
+    socket = tmp_path / "no-engine.sock"  # nothing listens there
+    plan = tiny_plan(backend={"kind": "docker", "container": "vllm-1", "url": f"http://127.0.0.1:{free_port()}"},
+                     variations=[])
+    result = tune(tmp_path, write_plan(tmp_path, plan), env={"DOCKER_HOST": f"unix://{socket}"})
+    assert result.returncode == 4 and "Traceback" not in result.stderr, result.stderr
+    failed = run_files(tmp_path / "results" / "tiny")["baseline-r0"]
+    assert failed["failure"] == f"docker: no Docker engine answers at unix://{socket} (is dockerd running, and " \
+        "DOCKER_HOST right?)"
