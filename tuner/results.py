@@ -43,6 +43,10 @@ class ClientFigures(BaseModel):
     completed: int = Field(description="Requests completed ok in the window.")
     errors: int = Field(description="Requests that ended in a failure outcome in the window.")
     window_s: float = Field(description="Measurement window length, seconds.")
+    good_completed: int | None = Field(None, description="Of the completed requests, those whose own TTFT and TPOT "
+                                       "met the plan's SLOs (vLLM bench serve's goodput rule; None: recorded "
+                                       "before it was counted).")
+    goodput_rps: float | None = Field(None, description="good_completed / window, req/s (None as above).")
 
 
 class RequestSamples(BaseModel):

@@ -23,6 +23,7 @@ from batchscope.vllm_log import parse_capacity
 from loadgen.request import RequestRecord
 from loadgen.summary import Summary
 from loadgen.window import in_window
+from tuner.plan import Slos
 from tuner.results import ClientFigures, RequestSamples, ServerReport, ServerSignals, hit_rate
 
 CACHE_INFO = "vllm:cache_config_info"
@@ -141,31 +142,49 @@ def read_summary(load_dir: Path) -> Summary | None:
     return Summary.model_validate_json(path.read_text()) if path.exists() else None
 
 
-def client_figures(summary: Summary) -> ClientFigures:
-    """The summary's own figures (its window rule, its percentiles)."""
+def client_figures(summary: Summary, good: int | None = None) -> ClientFigures:
+    """The summary's own figures (its window rule, its percentiles), and goodput from `good`, the window's
+    completed requests that met the SLOs (good_requests)."""
+    window = summary.effective_duration_s
     return ClientFigures(
         ttft=summary.ttft, tpot=summary.tpot, itl=summary.itl, e2e=summary.e2e,
         completion_throughput_rps=summary.completion_throughput_rps,
         output_tokens_per_s=summary.output_tokens_per_s, completed=summary.completed,
-        errors=sum(summary.failed.values()), window_s=summary.effective_duration_s,
+        errors=sum(summary.failed.values()), window_s=window,
+        good_completed=good, goodput_rps=None if good is None else good / window if window else 0.0,
     )
 
 
-def request_samples(records_path: Path, summary: Summary) -> RequestSamples:
-    """Per-request values of the requests the summary's figures count: ok, ended in the window."""
+def window_records(records_path: Path, summary: Summary) -> list[RequestRecord]:
+    """The records the summary's figures count: ok, ended in the window (each with its TTFT and E2E)."""
     start = summary.window_start_s
     end = start + summary.effective_duration_s
-    samples = RequestSamples()
     if not records_path.exists():
-        return samples
+        return []
+    records = []
     for line in records_path.read_text().splitlines():
         if not line.strip():
             continue
         fields = json.loads(line)
         record = RequestRecord(**{k: v for k, v in fields.items() if k in RequestRecord.__dataclass_fields__})
         # an ok record always carries its TTFT and E2E; the checks tell the type checker so
-        if record.outcome != "ok" or not in_window(record, start, end) or record.ttft_s is None \
-                or record.e2e_s is None:
+        if record.outcome == "ok" and in_window(record, start, end) and record.ttft_s is not None \
+                and record.e2e_s is not None:
+            records.append(record)
+    return records
+
+
+def good_requests(records_path: Path, summary: Summary, slos: Slos) -> int:
+    """How many of the window's records met both SLOs, each by its own TTFT and TPOT (Slos.count_met)."""
+    return slos.count_met([(r.ttft_s, r.tpot_s) for r in window_records(records_path, summary)
+                           if r.ttft_s is not None])
+
+
+def request_samples(records_path: Path, summary: Summary) -> RequestSamples:
+    """Per-request values of the requests the summary's figures count (window_records)."""
+    samples = RequestSamples()
+    for record in window_records(records_path, summary):
+        if record.ttft_s is None or record.e2e_s is None:  # never for a window record; tells the type checker
             continue
         samples.ttft_s.append(record.ttft_s)
         samples.e2e_s.append(record.e2e_s)

@@ -37,7 +37,7 @@ from simulator.engine import EngineCore, Step
 from simulator.responses import VLLM_VERSION
 from simulator.stats import EngineStats
 from simulator.virtual import ClosedLoop, FixedArrivals, PromptIds, RequestSpec, StepObserver, TimedResult, run_timed
-from tuner.plan import Plan, ServingParams, SimulatorBackend
+from tuner.plan import Plan, ServingParams, SimulatorBackend, Slos
 from tuner.results import (
     ClientFigures,
     RequestSamples,
@@ -82,7 +82,7 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int,
     end = run.duration if isinstance(spec.load, OfflineLoad) else spec.warmup_s + spec.duration_s
     window.close(engine, end)
     server = window.signals(deployment.kv_plan.kv_cache_tokens)
-    client, samples = client_figures(run, window.start, end, server.generation_tokens)
+    client, samples = client_figures(run, window.start, end, server.generation_tokens, plan.slos)
     failure = None if client.completed else "no request completed in the measurement window"
     return RunResult(**base, finished_at=now_iso(), status="failed" if failure else "ok", failure=failure,
                      client=client, server=server, samples=samples)
@@ -222,23 +222,27 @@ def snapshot(stats: EngineStats) -> dict[str, float]:
     return values
 
 
-def client_figures(run: TimedResult, start: float, end: float, output_tokens: float
+def client_figures(run: TimedResult, start: float, end: float, output_tokens: float, slos: Slos
                    ) -> tuple[ClientFigures, RequestSamples]:
     """The load generator's summary rule on the virtual records: requests that ended in [start, end].
 
-    ``output_tokens``: tokens delivered in the window, cut requests' included (the engine's count).
+    ``output_tokens``: tokens delivered in the window, cut requests' included (the engine's count); goodput counts
+    the requests whose own TTFT and TPOT met ``slos`` (Slos.count_met, as a real run's).
     """
     ended = [r for r in run.records if start <= r.finished <= end]
     duration = max(end - start, 1e-9)
     ttft = [r.first_token - r.arrival for r in ended]
     e2e = [r.finished - r.arrival for r in ended]
-    tpot = [(r.finished - r.first_token) / (r.output_tokens - 1) for r in ended if r.output_tokens > 1]
+    # per request, aligned with ttft (None: a one-token request has no TPOT), for the SLO checks behind goodput
+    tpots = [(r.finished - r.first_token) / (r.output_tokens - 1) if r.output_tokens > 1 else None for r in ended]
+    tpot = [t for t in tpots if t is not None]
     gaps = [run.gaps[r.index] for r in ended if r.index in run.gaps]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
+    good = slos.count_met(list(zip(ttft, tpots, strict=True)))
     client = ClientFigures(
         ttft=Distribution.of(ttft), tpot=Distribution.of([t for t in tpot if t]), itl=Distribution.of(itl),
         e2e=Distribution.of(e2e), completion_throughput_rps=len(ended) / duration,
         output_tokens_per_s=output_tokens / duration, completed=len(ended), errors=0,
-        window_s=duration)
+        window_s=duration, good_completed=good, goodput_rps=good / duration)
     samples = RequestSamples(ttft_s=ttft, tpot_s=tpot, itl_s=[float(g.mean()) for g in gaps], e2e_s=e2e)
     return client, samples
