@@ -278,9 +278,16 @@ def resolve_model(spec: WorkloadSpec, base: str, models: list[dict] | Exception)
     if spec.model != "auto":
         return spec.model
     if isinstance(models, Exception) or not models:
-        reason = models.__class__.__name__ if models else "no model listed"
-        raise SpecError(f"model: 'auto' could not read {base}/v1/models ({reason})")
+        raise SpecError(f"model: 'auto' could not read {base}/v1/models ({_why_unlisted(models)})")
     return models[0]["id"]
+
+
+def _why_unlisted(models: list[dict] | Exception) -> str:
+    if not isinstance(models, Exception):
+        return "no model listed"
+    if isinstance(models, requests.HTTPError) and str(models) in ("HTTP 401", "HTTP 403"):
+        return f"{models}: the server wants an API key; set api_key in the spec or $BATCHSCOPE_API_KEY"
+    return str(models) if isinstance(models, requests.HTTPError) else models.__class__.__name__
 
 
 def check_length(spec: WorkloadSpec, model: str, models: list[dict] | Exception) -> None:

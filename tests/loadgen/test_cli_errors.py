@@ -3,6 +3,7 @@ exit status 2, no traceback. Nothing here needs a server: every case is refused 
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -116,3 +117,21 @@ def test_a_host_that_is_no_server_url_or_a_server_that_is_down_is_one_line_befor
     assert result.returncode == 2, result.stderr[-3000:]
     assert (result.stdout, result.stderr.splitlines()) == ("", [f"batchscope load: error: {cause}"])
     assert not [path for path in out.rglob("*") if path.is_file()], "no empty CSV or summary files"
+
+
+@pytest.mark.e2e
+def test_a_server_that_wants_a_key_the_spec_lacks_is_named_with_its_status_before_locust(simulator, tmp_path):
+    sim = simulator("--profile", "tiny", "--api-key", "right-key")
+    spec, out = tmp_path / "spec.yaml", tmp_path / "out"
+    spec.write_text(GOOD_SPEC)
+    result = subprocess.run([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec), "--host", sim.url,
+                             "--out", str(out), "--metrics-port", str(free_port())],
+                            capture_output=True, text=True, timeout=60, env=without_keys())
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [
+        f"batchscope load: error: model: 'auto' could not read {sim.url}/v1/models (HTTP 401: the server wants an "
+        "API key; set api_key in the spec or $BATCHSCOPE_API_KEY)"]
+
+
+def without_keys() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name not in ("BATCHSCOPE_API_KEY", "OPENAI_API_KEY")}
