@@ -1,7 +1,8 @@
-# syntax=docker/dockerfile:1
 # The project's own image, one for every batchscope process in compose.yaml: the simulator
 # (`batchscope sim serve`), the exporter (`batchscope exporter`) and Locust's master and workers
-# (`locust -f loadgen/locustfile.py`). compose.yaml gives each service its whole command.
+# (`locust -f loadgen/locustfile.py`), and `batchscope tune` / `report`. compose.yaml gives each service its whole
+# command. No `# syntax=` line: it would make BuildKit pull a frontend image from Docker Hub at every build
+# (offline, the build fails), and nothing here needs a feature beyond the builder's own.
 #
 # Pinned to a patch release and a Debian release, so a rebuild next month runs the same Python; bump it on purpose.
 FROM python:3.11.14-slim-bookworm
@@ -24,6 +25,7 @@ COPY batchscope ./batchscope
 COPY simulator ./simulator
 COPY loadgen ./loadgen
 COPY exporter ./exporter
+COPY tuner ./tuner
 COPY examples ./examples
 # The runtime dependencies only (no [test] extra). The sources stay in /app because Locust takes the
 # locustfile by path: `locust -f loadgen/locustfile.py`, as in the README.
