@@ -2,7 +2,8 @@
 
 Sources, most trusted first: the vLLM container's command line (docker SDK), a command line handed to the
 exporter (string or file), and vLLM's own endpoints (cache_config_info labels, /v1/models, /version). Values
-from a more trusted source win; what no source tells stays unknown ("").
+from a more trusted source win; what no source tells stays unknown (""). A knob a command line leaves out is
+vLLM's default: passing it, or dropping it, is a change against that default.
 
 Secrets are masked here, at the source: the value of every flag whose name says key, token, secret or password
 (``--api-key``, ``--hf-token``) is ``***`` in a ServingConfig, so the info metric, the logs and the Grafana
@@ -42,6 +43,8 @@ class ServingConfig(BaseModel):
     vllm_version: str = Field("", description="vLLM version from /version.")
     other_flags: dict[str, str] = Field(default_factory=dict, description="Any other flag given, name: value "
                                         "(secret ones, e.g. api_key, hf_token, as '***').")
+    defaulted: list[str] | None = Field(None, description="The knobs (vllm_knobs.KNOB_NAMES) a command line leaves "
+                                        "out, so vLLM's default applies; None when no command line was read.")
 
     @field_validator("other_flags")
     @classmethod
@@ -56,23 +59,68 @@ class ServingConfig(BaseModel):
         for key, value in self.model_dump().items():
             if key == "other_flags":
                 data["other_flags"] = {**base.other_flags, **value}
+            elif key == "defaulted":
+                data["defaulted"] = base.defaulted if value is None else value
             elif value:
                 data[key] = value
         return ServingConfig(**data)
 
     def labels(self) -> dict[str, str]:
         """Info-metric labels: the known fields and the other flags folded into one sorted label."""
-        labels = self.model_dump(exclude={"other_flags"})
+        labels = self.model_dump(exclude={"other_flags", "defaulted"})
         labels["other_flags"] = ",".join(f"{k}={v}" for k, v in sorted(self.other_flags.items()))
         return labels
 
     def diff(self, before: ServingConfig) -> list[str]:
-        """Human lines such as 'max_num_batched_tokens: 2048 → 8192', for values known on both sides.
+        """Human lines such as 'max_num_batched_tokens: 2048 → 8192' or 'max_num_seqs: vLLM default → 64'.
 
-        A value that only one side knows is a source answering or not (a timeout, a daemon away), not a change.
+        A value known on both sides is compared. A value only one side knows is a source answering or not (a
+        timeout, a daemon away), not a change, unless both sides were read from a command line: then a knob one
+        passes and the other leaves out is a change against vLLM's default, and so is another flag given or dropped.
         """
         old, new = before.labels(), self.labels()
-        return [f"{key}: {old[key]} → {new[key]}" for key in new if old[key] and new[key] and old[key] != new[key]]
+        lines = []
+        for key in new:
+            shown = _changed(key, (old[key], before.defaulted), (new[key], self.defaulted))
+            if shown is not None:
+                lines.append(f"{key}: {shown[0]} → {shown[1]}")
+        return lines
+
+
+Side = tuple[str, list[str] | None]  # a label's value and its config's defaulted knobs
+
+
+def _changed(key: str, old: Side, new: Side) -> tuple[str, str] | None:
+    """(before, after) as a diff shows them if ``key`` changed, else None."""
+    (old_value, old_defaulted), (new_value, new_defaulted) = old, new
+    if old_value and new_value:
+        return (old_value, new_value) if old_value != new_value else None
+    if old_defaulted is None or new_defaulted is None or old_value == new_value:
+        return None
+    if key == "other_flags":
+        return old_value or "none", new_value or "none"
+    if key not in vllm_knobs.BY_NAME:
+        return None
+    # one side's value is unknown: a change only where one command line passes the knob and the other leaves it
+    # out (left out on both, vLLM's own value known at one scrape only is no change)
+    if key in old_defaulted and key not in new_defaulted:
+        return _against_default(key, new_value, default_first=True)
+    if key in new_defaulted and key not in old_defaulted:
+        return _against_default(key, old_value, default_first=False)
+    return None
+
+
+def _against_default(key: str, passed: str, default_first: bool) -> tuple[str, str] | None:
+    """A knob passed on one side only, against vLLM's default on the other; None when the value passed is the
+    default vLLM uses on every server (its effect is the same)."""
+    default = vllm_knobs.BY_NAME[key].default
+    try:
+        if default is not None and float(passed) == default:
+            return None
+    except ValueError:
+        pass  # not a number: vLLM would refuse it, but it still differs from the default
+    pair = (vllm_knobs.DEFAULT_TEXT, passed)
+    return pair if default_first else (passed, vllm_knobs.DEFAULT_TEXT)
 
 
 def parse_command(command: str | list[str]) -> ServingConfig:
@@ -98,7 +146,8 @@ def parse_command(command: str | list[str]) -> ServingConfig:
                 value, index = argv[index], index + 1
         values[name] = value
     known = {key: values.pop(key) for key in KNOWN_FLAGS if key in values}
-    return ServingConfig(**known, other_flags=values)
+    defaulted = [key for key in vllm_knobs.KNOB_NAMES if key not in known]
+    return ServingConfig(**known, other_flags=values, defaulted=defaulted)
 
 
 def from_exposed(cache_config: dict[str, str], model_card: dict | None, version: str | None) -> ServingConfig:

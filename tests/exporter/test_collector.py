@@ -169,6 +169,22 @@ def test_a_new_command_file_is_one_change_at_the_clocks_time(upstream, tmp_path)
     assert registry.get_sample_value("batchscope_config_last_change_timestamp_seconds") == 1_060.0
 
 
+def test_a_knob_passed_for_the_first_time_or_dropped_is_a_change_against_vllms_default(upstream, tmp_path):
+    """`--max-num-seqs 64` added to `vllm serve M --max-model-len 8192` showed 64 in the labels and counted
+    nothing: vLLM does not expose max_num_seqs, so the label was unknown before."""
+    command_file = tmp_path / "vllm-command"
+    plain = f"vllm serve {MODEL} --max-model-len 8192"
+    command_file.write_text(plain)
+    registry = registry_of(collector_for(upstream, vllm_command_file=command_file))
+    config_labels(registry)
+    command_file.write_text(f"{plain} --max-num-seqs 64")
+    assert config_labels(registry)["max_num_seqs"] == "64"
+    assert registry.get_sample_value("batchscope_config_changes_total") == 1
+    command_file.write_text(plain)  # dropped again: back to vLLM's default
+    config_labels(registry)
+    assert registry.get_sample_value("batchscope_config_changes_total") == 2
+
+
 def test_a_vllm_restart_with_the_same_configuration_is_a_change(upstream):
     clock = Clock(5.0)
     registry = registry_of(collector_for(upstream, clock=clock))

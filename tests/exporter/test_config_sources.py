@@ -59,6 +59,30 @@ def test_command_values_win_over_exposed_ones_and_diff_reads_like_a_change_log()
     assert later.diff(ServingConfig()) == []  # unknown before: a source answering, not a change
 
 
+def test_a_knob_newly_passed_or_left_out_is_a_change_against_vllms_default():
+    plain = parse_command("vllm serve m --max-model-len 8192")
+    seqs = parse_command("vllm serve m --max-model-len 8192 --max-num-seqs 64")
+    assert seqs.diff(plain) == ["max_num_seqs: vLLM default → 64"]
+    assert plain.diff(seqs) == ["max_num_seqs: 64 → vLLM default"]
+    # a flag passed at vLLM's fixed default changes nothing
+    assert parse_command("vllm serve m --max-model-len 8192 --gpu-memory-utilization 0.92").diff(plain) == []
+    # another flag given or dropped is a change of other_flags
+    assert parse_command("vllm serve m --max-model-len 8192 --enforce-eager").diff(plain) == [
+        "other_flags: none → enforce_eager=true"]
+
+
+def test_a_knob_only_one_side_knows_without_a_command_line_is_still_no_change():
+    """The command line left a knob out on both sides: vLLM's answer arriving at one scrape only (block_size from
+    cache_config_info, max_model_len from /v1/models) is a source answering, not a change."""
+    command = parse_command("vllm serve m")
+    exposed = from_exposed({"block_size": "16"}, {"id": "m", "max_model_len": 4096}, None)
+    assert command.merged_over(exposed).diff(command) == []
+    assert command.diff(command.merged_over(exposed)) == []
+    # no command line on one side (the docker engine away at that scrape): nothing is known to be left out
+    assert exposed.diff(command) == [] and command.diff(exposed) == []
+    assert "defaulted" not in command.labels()
+
+
 @pytest.mark.parametrize("form", CAPACITY_LINES)
 def test_capacity_is_read_from_vllms_log_lines_on_any_device(form):
     text, figures = CAPACITY_LINES[form]
