@@ -67,6 +67,8 @@ OPTIONS = (
            "vLLM URL, load generator URL and command line replace the flags' while it names one"),
     Option("--docker-container", "read the vLLM container's command line and logs through the docker SDK"),
     Option("--docker-service", "find the vLLM container by its compose service label instead (e.g. vllm)"),
+    Option("--docker-project", "the compose project of --docker-service's container (default: the exporter's own "
+           "container's project)"),
     Option("--grafana-url", "post an annotation per change here"),
     Option("--grafana-token", "Grafana service-account token"),
     Option("--grafana-user", "Grafana basic-auth user"),
@@ -166,7 +168,7 @@ def build_collector(args: argparse.Namespace) -> BatchscopeCollector:
         import docker as docker_sdk
 
         docker = DockerSource(docker_sdk.from_env, container=args.docker_container,
-                              service=args.docker_service or "vllm")
+                              service=args.docker_service or "vllm", project=args.docker_project)
     annotator = None
     if args.grafana_url:
         auth = (args.grafana_user, args.grafana_password or "") if args.grafana_user else None

@@ -371,6 +371,7 @@ class _Container:
 
     def __init__(self, entrypoint, cmd):
         self.id = "c1"
+        self.labels = {"com.docker.compose.project": "batchscope"}
         self.attrs = {"Config": {"Entrypoint": entrypoint, "Cmd": cmd},
                       "State": {"StartedAt": "2026-11-30T10:00:00.123456789Z"}}
 
@@ -386,7 +387,7 @@ class _Client:
 
     def list(self, filters):
         self.filters.append(filters)
-        service = filters["label"].removeprefix("com.docker.compose.service=")
+        service = filters["label"][0].removeprefix("com.docker.compose.service=")
         return [self._by_service[service]] if service in self._by_service else []
 
 
@@ -404,12 +405,13 @@ def test_the_exporter_reads_the_knobs_compose_sets_from_the_served_container(tar
     before, service = container({})
     after, _ = container({"MAX_NUM_BATCHED_TOKENS": "8192"})
     client = _Client({target: before})
-    view = DockerSource(lambda: client, service=service).read()
-    assert client.filters == [{"label": f"com.docker.compose.service={target}"}]
+    view = DockerSource(lambda: client, service=service, project="batchscope").read()
+    assert client.filters == [{"label": [f"com.docker.compose.service={target}",
+                                         "com.docker.compose.project=batchscope"]}]
     assert (view.config.model, view.config.max_num_seqs, view.config.max_num_batched_tokens) == (
         "meta-llama/Llama-3.1-8B-Instruct", "128", "2048")
     assert view.kv_cache_tokens == 476016
-    changed = DockerSource(lambda: _Client({target: after}), service=service).read()
+    changed = DockerSource(lambda: _Client({target: after}), service=service, project="batchscope").read()
     assert changed.config.diff(view.config) == ["max_num_batched_tokens: 2048 → 8192"]
 
 

@@ -3,7 +3,11 @@ Docker engine API, since no engine runs here)."""
 
 from __future__ import annotations
 
+import json
+import logging
+import socket
 import struct
+from urllib.parse import parse_qs, urlsplit
 
 import docker
 import pytest
@@ -138,3 +142,70 @@ def test_no_daemon_means_no_view_and_no_exception():
         raise docker.errors.DockerException("Error while fetching server API version")
 
     assert DockerSource(no_daemon).read() is None
+
+
+def container_attrs(ident: str, labels: dict[str, str], cmd: list[str]) -> dict:
+    return {"Id": ident, "Name": f"/{ident}", "Config": {"Entrypoint": ["vllm"], "Cmd": cmd, "Tty": False,
+                                                        "Labels": labels},
+            "State": {"Status": "running", "StartedAt": "2026-11-30T05:00:00Z"}}
+
+
+def compose_labels(project: str, service: str) -> dict[str, str]:
+    return {"com.docker.compose.project": project, "com.docker.compose.service": service}
+
+
+class Engine:
+    """A stub Docker engine holding containers of two compose projects with the same service names, answering
+    /containers/json by its label filters as the engine does (every label given must match)."""
+
+    def __init__(self, containers: list[dict]) -> None:
+        self.containers = {c["Id"]: c for c in containers}
+        self.stub = HttpStub(self.route).start()
+
+    def route(self, _method: str, path: str) -> Reply:
+        url = urlsplit(path)
+        if url.path == "/v1.43/containers/json":
+            wanted = json.loads(parse_qs(url.query).get("filters", ["{}"])[0]).get("label", [])
+            listed = [c for c in self.containers.values()
+                      if all(c["Config"]["Labels"].get(k) == v for k, _, v in (w.partition("=") for w in wanted))]
+            return json_reply([{"Id": c["Id"], "Names": [c["Name"]], "Labels": c["Config"]["Labels"]} for c in listed])
+        parts = url.path.split("/")  # /v1.43/containers/<id>/json | logs
+        if len(parts) == 5 and parts[2] == "containers" and parts[3] in self.containers:
+            if parts[4] == "json":
+                return json_reply(self.containers[parts[3]])
+            return Reply(body=docker_frames(LOG), content_type="application/vnd.docker.raw-stream")
+        return json_reply({"message": f"No such container: {parts[3] if len(parts) > 3 else path}"}, status=404)
+
+    def source(self, **kwargs) -> DockerSource:
+        url = self.stub.url.replace("http", "tcp")
+        return DockerSource(lambda: docker.DockerClient(base_url=url, version="1.43"), service="vllm", **kwargs)
+
+
+@pytest.fixture
+def two_projects():
+    """Project "other" (listed first) and this stack's "batchscope", each with a vllm service; the exporter's own
+    container (named as this host: a container's hostname is its id) is in "batchscope"."""
+    engine = Engine([
+        container_attrs("0other", compose_labels("other", "vllm"), ["serve", "m", "--max-num-seqs", "8"]),
+        container_attrs("1ours", compose_labels("batchscope", "vllm"), ["serve", "m", "--max-num-seqs", "64"]),
+        container_attrs(socket.gethostname(), compose_labels("batchscope", "exporter"), ["batchscope", "exporter"]),
+    ])
+    yield engine
+    engine.stub.stop()
+
+
+def test_the_served_container_is_the_one_of_the_exporters_own_compose_project(two_projects):
+    assert two_projects.source().read().config.max_num_seqs == "64"
+    # a project given wins over the own container's
+    assert two_projects.source(project="other").read().config.max_num_seqs == "8"
+
+
+def test_outside_a_container_two_projects_are_not_guessed_between(two_projects, caplog):
+    source = two_projects.source(own_container="not-a-container")
+    with caplog.at_level(logging.WARNING, logger="batchscope.exporter"):
+        assert source.read() is None and source.read() is None
+    warnings = [r.getMessage() for r in caplog.records if "projects" in r.getMessage()]
+    assert warnings == ["docker: service vllm runs in compose projects batchscope, other; set --docker-project to "
+                        "read one"]  # once, not at every scrape
+    del two_projects.containers["0other"]  # one project left: no doubt which container is meant
+    assert source.read().config.max_num_seqs == "64"
