@@ -26,6 +26,10 @@ FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 # skipped-waiting queue, held by a transient constraint (LoRA slots, a KV transfer, a blocked request)
 WAITING_REASONS = ("capacity", "deferred")
 PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+# the cache tier a prefix-cache hit came from (0.32's order); 'device' is the local prefix cache
+CACHED_TOKEN_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+# the queue limit (--max-num-queued-reqs, --max-num-queued-tokens) that refused an admission
+ADMISSION_REJECTION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,15 @@ PROMPT_TOKENS = _counter("vllm:prompt_tokens", "Number of prefill tokens process
 PROMPT_TOKENS_BY_SOURCE = _counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
                                    ("source", *ENGINE_LABELS))
 PROMPT_TOKENS_CACHED = _counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
+PROMPT_TOKENS_CACHED_BY_SOURCE = _counter(
+    "vllm:prompt_tokens_cached_by_source",
+    "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to DRAM), "
+    "disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at admission; sums to "
+    "vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.", ("source", *ENGINE_LABELS))
+# the API server counts these, so they carry the model's name but no engine index
+ADMISSION_REJECTIONS = _counter("vllm:admission_rejections",
+                                "Number of admission attempts rejected by a queue limit, by reason.",
+                                ("reason", "model_name"))
 GENERATION_TOKENS = _counter("vllm:generation_tokens", "Number of generation tokens processed.")
 PREFIX_CACHE_QUERIES = _counter("vllm:prefix_cache_queries",
                                 "Prefix cache queries, in terms of number of queried tokens.")
@@ -111,7 +124,8 @@ REQUEST_PREFILL_KV_COMPUTED_TOKENS = _histogram(
 
 CATALOGUE: tuple[VllmMetric, ...] = (
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, NUM_REQUESTS_WAITING_BY_REASON, KV_CACHE_USAGE, CACHE_CONFIG_INFO,
-    NUM_PREEMPTIONS, PROMPT_TOKENS, PROMPT_TOKENS_BY_SOURCE, PROMPT_TOKENS_CACHED, GENERATION_TOKENS,
+    NUM_PREEMPTIONS, PROMPT_TOKENS, PROMPT_TOKENS_BY_SOURCE, PROMPT_TOKENS_CACHED, PROMPT_TOKENS_CACHED_BY_SOURCE,
+    ADMISSION_REJECTIONS, GENERATION_TOKENS,
     PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, REQUEST_SUCCESS,
     ITERATION_TOKENS, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, REQUEST_TIME_PER_OUTPUT_TOKEN, E2E_REQUEST_LATENCY,
     REQUEST_QUEUE_TIME, REQUEST_INFERENCE_TIME, REQUEST_PREFILL_TIME, REQUEST_DECODE_TIME, REQUEST_PROMPT_TOKENS,

@@ -53,6 +53,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--fault-cut-rate", type=float, default=0.0, help="fraction of streams cut half-way")
     serve.add_argument("--fault-stall-rate", type=float, default=0.0, help="fraction of requests held")
     serve.add_argument("--fault-stall-s", type=float, default=0.0, help="how long a held request waits, s")
+    serve.add_argument("--fault-engine-stall-after-s", type=float,
+                       help="seconds after start-up when the engine stops stepping (no tokens, queues kept)")
+    serve.add_argument("--fault-engine-stall-s", type=float, default=0.0, help="how long the engine stays stopped, s")
     serve.set_defaults(run=run_serve)
 
 

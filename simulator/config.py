@@ -50,6 +50,10 @@ class ServeConfig(BaseModel):
     fault_cut_rate: float = Field(0.0, ge=0, le=1, description="Fraction of streams cut half-way, no [DONE].")
     fault_stall_rate: float = Field(0.0, ge=0, le=1, description="Fraction of requests held before responding.")
     fault_stall_s: float = Field(0.0, ge=0, description="How long a stalled request is held, seconds.")
+    fault_engine_stall_after_s: float | None = Field(
+        None, ge=0, description="Seconds after start-up when the engine core stops stepping (a hung engine: requests "
+                                "stay running and waiting, no token is generated); unset: never.")
+    fault_engine_stall_s: float = Field(0.0, ge=0, description="How long the engine core stays stopped, seconds.")
 
     @field_validator("gpu_memory_utilization")
     @classmethod
@@ -116,8 +120,10 @@ class Deployment:
             num_gpu_blocks=self.kv_plan.num_gpu_blocks,
         )
 
-    def new_engine(self) -> EngineCore:
-        return EngineCore(self.limits(), StepCostModel(self.profile), self.profile.eos_probability,
+    def new_engine(self, cost: StepCostModel | None = None) -> EngineCore:
+        """An engine of this deployment; ``cost`` replaces the profile's step cost model (the tuner's what-if
+        adds seeded step-time noise to it)."""
+        return EngineCore(self.limits(), cost or StepCostModel(self.profile), self.profile.eos_probability,
                           seed=self.config.seed, enable_prefix_caching=self.config.enable_prefix_caching,
                           frontend=FrontEnd.of(self.profile))
 

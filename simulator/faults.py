@@ -1,4 +1,5 @@
-"""Fault injection for tests of clients: HTTP 500s, streams cut half-way, and requests held before answering.
+"""Fault injection for tests of clients: HTTP 500s, streams cut half-way, requests held before answering, and a
+hung engine core (no step for a while, every request kept where it is).
 
 Each request draws its faults from one seeded generator (``--seed``), in a fixed order, so a run is repeatable.
 """
@@ -44,3 +45,27 @@ class FaultInjector:
             await asyncio.sleep(self._config.fault_stall_s)
         finally:
             self.stalled -= 1
+
+
+@dataclass(frozen=True)
+class EngineStall:
+    """A hung engine core: from ``after_s`` past the engine loop's start, for ``duration_s``, no step runs.
+
+    Requests keep arriving and stay running or waiting, and no token is generated: what an engine stuck in a
+    collective or a dead worker looks like from /metrics (the gauges hold, the token counters stop).
+    """
+
+    after_s: float
+    duration_s: float
+
+    @classmethod
+    def of(cls, config: ServeConfig) -> EngineStall | None:
+        if config.fault_engine_stall_after_s is None or config.fault_engine_stall_s <= 0:
+            return None
+        return cls(config.fault_engine_stall_after_s, config.fault_engine_stall_s)
+
+    def resumes_at(self, started: float, now: float) -> float | None:
+        """When the stall holding the engine at ``now`` ends (loop clock), or None when the engine may step."""
+        begin = started + self.after_s
+        end = begin + self.duration_s
+        return end if begin <= now < end else None

@@ -65,6 +65,13 @@ class VllmMetricsCollector(Collector):
         yield self._counter(catalogue.PROMPT_TOKENS, stats.prompt_tokens)
         yield self._counter(catalogue.PROMPT_TOKENS_BY_SOURCE, by=stats.prompt_tokens_by_source())
         yield self._counter(catalogue.PROMPT_TOKENS_CACHED, stats.prompt_tokens_cached)
+        # every hit is the local prefix cache's (no offloading tier, no KV connector), counted at each lookup
+        yield self._counter(catalogue.PROMPT_TOKENS_CACHED_BY_SOURCE,
+                            by={source: stats.prefix_cache_hits if source == "device" else 0
+                                for source in catalogue.CACHED_TOKEN_SOURCES})
+        # the simulator has no queue limit, so nothing is refused: 0 as vLLM shows without --max-num-queued-*
+        yield self._counter(catalogue.ADMISSION_REJECTIONS, labels=[self._labels[0]],
+                            by=dict.fromkeys(catalogue.ADMISSION_REJECTION_REASONS, 0))
         yield self._counter(catalogue.GENERATION_TOKENS, stats.generation_tokens)
         yield self._counter(catalogue.PREFIX_CACHE_QUERIES, stats.prefix_cache_queries)
         yield self._counter(catalogue.PREFIX_CACHE_HITS, stats.prefix_cache_hits)
@@ -76,11 +83,14 @@ class VllmMetricsCollector(Collector):
         info.add_metric([*self._cache_config.values(), self._labels[1]], 1.0)
         yield info
 
-    def _series(self, value: float, by: Mapping[str, float] | None) -> list[tuple[list[str], float]]:
-        """The family's (label values, value) pairs: one series, or one per value of its first label (``by``)."""
+    def _series(self, value: float, by: Mapping[str, float] | None, labels: list[str] | None = None
+                ) -> list[tuple[list[str], float]]:
+        """The family's (label values, value) pairs: one series, or one per value of its first label (``by``);
+        ``labels``: the values after that label, when not (model_name, engine)."""
+        rest = self._labels if labels is None else labels
         if by is None:
-            return [(self._labels, value)]
-        return [([key, *self._labels], count) for key, count in by.items()]
+            return [(rest, value)]
+        return [([key, *rest], count) for key, count in by.items()]
 
     def _gauge(self, metric: VllmMetric, value: float = 0.0, by: Mapping[str, float] | None = None
                ) -> GaugeMetricFamily:
@@ -89,11 +99,11 @@ class VllmMetricsCollector(Collector):
             family.add_metric(labels, count)
         return family
 
-    def _counter(self, metric: VllmMetric, value: float = 0.0, by: Mapping[str, float] | None = None
-                 ) -> CounterMetricFamily:
+    def _counter(self, metric: VllmMetric, value: float = 0.0, by: Mapping[str, float] | None = None,
+                 labels: list[str] | None = None) -> CounterMetricFamily:
         family = CounterMetricFamily(metric.name, metric.help, labels=list(metric.labels))
-        for labels, count in self._series(value, by):
-            family.add_metric(labels, count, created=self._created)
+        for values, count in self._series(value, by, labels):
+            family.add_metric(values, count, created=self._created)
         return family
 
     def _histogram(self, metric: VllmMetric, histogram: Histogram) -> HistogramMetricFamily:

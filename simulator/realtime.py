@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from simulator.engine import EngineCore, StepOutput
+from simulator.faults import EngineStall
 from simulator.finish import REASON_NAMES
 
 RESYNC_S = 0.05
@@ -69,8 +70,10 @@ class RealtimeEngine:
 
     LAG_WINDOW = 100_000
 
-    def __init__(self, engine: EngineCore) -> None:
+    def __init__(self, engine: EngineCore, stall: EngineStall | None = None) -> None:
         self.engine = engine
+        self._stall = stall
+        self._started = 0.0  # the loop clock at start(), where a stall's onset counts from
         self._streams: dict[int, RequestStream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -84,6 +87,7 @@ class RealtimeEngine:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self._started = loop.time()
         self._task = loop.create_task(self._run(), name="engine-loop")
         if self._output_s > 0:
             self._courier = loop.create_task(self._carry(), name="output-path")
@@ -115,6 +119,10 @@ class RealtimeEngine:
         pace = loop.time()  # when the next step should start on the modelled timeline
         while True:
             now = loop.time()
+            resume = self._stall.resumes_at(self._started, now) if self._stall is not None else None
+            if resume is not None:  # an injected hang: nothing is scheduled, arrivals queue up meanwhile
+                await asyncio.sleep(resume - now)
+                continue
             step = engine.schedule(now)
             if step is None:
                 self._wake.clear()

@@ -25,7 +25,7 @@ from batchscope.vllm_catalogue import EXPOSITION_CONTENT_TYPE
 from simulator import protocol, responses
 from simulator.arrivals import ArrivalStamps
 from simulator.config import Deployment
-from simulator.faults import FaultInjector
+from simulator.faults import EngineStall, FaultInjector
 from simulator.metrics import VllmMetricsCollector
 from simulator.prefix_cache import block_hashes
 from simulator.protocol import ApiError, GenerationRequest
@@ -45,7 +45,7 @@ class SimulatorServer:
         self.deployment = deployment
         self.config = deployment.config
         self.engine = deployment.new_engine()
-        self.realtime = RealtimeEngine(self.engine)
+        self.realtime = RealtimeEngine(self.engine, EngineStall.of(self.config))
         self.created = int(time.time())
         self.served = protocol.ServedModel((self.config.name, self.config.model), deployment.max_model_len,
                                            deployment.vocab_size)

@@ -193,6 +193,25 @@ def test_stall_delays_the_response(simulator):
     assert time.monotonic() - started >= 0.4
 
 
+def test_engine_stall_holds_requests_in_the_engine_without_generating_tokens(simulator):
+    """A hung engine core (--fault-engine-stall-*): the request admitted stays running, the next one waits, no token
+    is generated for as long as the stall lasts; when it ends both finish."""
+    sim = simulator("--profile", "tiny", "--max-num-seqs", "1", "--fault-engine-stall-after-s", "0",
+                    "--fault-engine-stall-s", "5")
+    body = {"prompt": [1] * 50, "max_tokens": 5, "ignore_eos": True, "stream": True}
+    replies = [requests.post(sim.url + "/v1/completions", json=body, stream=True, timeout=20) for _ in range(2)]
+    wait_until(lambda: metric_value(sim.url, "vllm:num_requests_waiting") == 2, message="both requests queued")
+    # the tiny profile serves 5 tokens in milliseconds: a second of nothing is the stall, sampled every 0.1 s
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline:
+        assert metric_value(sim.url, "vllm:generation_tokens_total") == 0
+        assert metric_value(sim.url, "vllm:num_requests_waiting") == 2
+        time.sleep(0.1)
+    for reply in replies:
+        assert [line for line in reply.iter_lines() if line][-1] == b"data: [DONE]"
+    assert metric_value(sim.url, "vllm:generation_tokens_total") == 10
+
+
 def test_ground_truth_log_matches_what_the_client_sees(simulator, tmp_path):
     truth = tmp_path / "truth.jsonl"
     sim = simulator("--profile", "tiny", "--ground-truth-log", str(truth))

@@ -22,12 +22,12 @@ from simulator.virtual import RequestSpec, run_virtual
 
 FIXTURE_032 = Path(__file__).parent.parent / "fixtures" / "vllm-0.32-cpu-metrics.txt"
 # vLLM 0.32 families the simulator does not serve: nothing in it drives them (no LoRA, sleep mode, KV connector,
-# multi-modal input, MFU counters, queue limits, cache tiers, n > 1)
+# multi-modal input, MFU counters, n > 1)
 NOT_SERVED = {
-    "vllm:admission_rejections", "vllm:engine_sleep_state", "vllm:estimated_flops_per_gpu",
+    "vllm:engine_sleep_state", "vllm:estimated_flops_per_gpu",
     "vllm:estimated_read_bytes_per_gpu", "vllm:estimated_write_bytes_per_gpu", "vllm:external_prefix_cache_hits",
     "vllm:external_prefix_cache_queries", "vllm:mm_cache_hits", "vllm:mm_cache_queries",
-    "vllm:prompt_tokens_cached_by_source", "vllm:request_max_num_generation_tokens", "vllm:request_params_n",
+    "vllm:request_max_num_generation_tokens", "vllm:request_params_n",
 }
 
 LABELS = {"model_name": "m", "engine": "0"}
@@ -112,6 +112,20 @@ def test_counters_and_histograms_equal_the_simulated_events():
     assert get("vllm:time_to_first_token_seconds_sum") == pytest.approx(engine.stats.time_to_first_token.sum)
     assert registry.get_sample_value("vllm:cache_config_info", {"block_size": "16", "num_gpu_blocks": "99",
                                                                 "engine": "0"}) == 1
+
+
+def test_cached_prompt_tokens_by_tier_are_the_prefix_cache_hits_and_nothing_is_rejected():
+    shared = [RequestSpec(arrival=0.1 * i, prompt_len=600, max_tokens=5, prompt_ids=tuple(range(600)))
+              for i in range(6)]
+    engine, _, registry = run_engine(shared, block_size=128)
+    get = lambda name, **extra: registry.get_sample_value(name, {**LABELS, **extra})  # noqa: E731
+    hits = get("vllm:prefix_cache_hits_total")
+    assert hits > 0  # the later requests reuse the first one's blocks
+    assert get("vllm:prompt_tokens_cached_by_source_total", source="device") == hits
+    assert all(get("vllm:prompt_tokens_cached_by_source_total", source=source) == 0
+               for source in ("host", "p2p", "disk", "external_unspecified"))
+    for reason in ("max_num_queued_reqs", "max_num_queued_tokens"):
+        assert registry.get_sample_value("vllm:admission_rejections_total", {"model_name": "m", "reason": reason}) == 0
 
 
 def test_preemptions_are_counted_when_the_cache_is_small():
