@@ -20,7 +20,7 @@ from tuner.comparison import (
 )
 from tuner.explain import explain
 from tuner.metric_defs import METRICS, Measured, MetricDef, mean_present, measured
-from tuner.plan import BASELINE, TUNABLE, ServingParams, Slos
+from tuner.plan import BASELINE, TUNABLE, Objective, ServingParams, Slos
 from tuner.results import RunResult
 from tuner.verdicts import meets_slos, verdicts
 
@@ -33,10 +33,11 @@ class ConditionsDiffer(ValueError):
 
 
 def compare(results: list[RunResult], slos: Slos, *, order: list[str] | None = None, resamples: int = RESAMPLES,
-            seed: int = SEED) -> Comparison:
+            seed: int = SEED, objective: Objective = "goodput") -> Comparison:
     """Compare every variation with the baseline; raise ConditionsDiffer for runs that must not be compared.
 
-    `order` lists setting names in plan order (the baseline first whatever it says; unlisted ones follow).
+    `order` lists setting names in plan order (the baseline first whatever it says; unlisted ones follow);
+    `objective` is the plan's, which the recommendation ranks by.
     """
     if not results:
         raise ValueError("no runs to compare")
@@ -63,7 +64,7 @@ def compare(results: list[RunResult], slos: Slos, *, order: list[str] | None = N
               for r in results if measured(r) is None]
     return Comparison(plan=results[0].plan, mode=results[0].mode, conditions=results[0].conditions, slos=slos,
                       resamples=resamples, seed=seed, ci_basis=basis, settings=settings, variations=variations,
-                      verdicts=verdicts(settings, variations), failed=failed)
+                      verdicts=verdicts(settings, variations, slos, objective), failed=failed)
 
 
 def check_comparable(results: list[RunResult]) -> None:

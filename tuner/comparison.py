@@ -13,7 +13,7 @@ import batchscope
 from batchscope import vllm_knobs
 from loadgen.spec import WorkloadSpec
 from tuner.bootstrap import CONFIDENCE, RESAMPLES, SEED, Method
-from tuner.plan import ServingParams, Slos
+from tuner.plan import Objective, ServingParams, Slos
 from tuner.results import ServerReport
 
 # 2: a knob in a setting's params or a ParamChange may be None (not passed, vLLM's default); settings say what
@@ -94,15 +94,34 @@ class Verdict(BaseModel):
     value: float | None = Field(description="Its value, in the metric's unit.")
     significant_vs_baseline: bool | None = Field(description="Its delta to the baseline is significant (None for "
                                                  "the baseline itself or without a CI).")
+    caveat: str | None = Field(None, description="For a latency objective: what the setting costs that its latency "
+                               "hides (it preempts, it loses throughput), so it is never picked silently.")
+
+
+class Recommendation(BaseModel):
+    """The report's one pick: the plan's objective among the settings that met the SLOs."""
+
+    objective: Objective = Field(description="The plan's objective (Plan.objective).")
+    metric: str = Field(description="Metric key the objective ranks by, e.g. goodput_rps.")
+    setting: str | None = Field(description="The recommended setting; None when no setting met the SLOs.")
+    runner_up: str | None = Field(description="The next setting by the objective among those that met the SLOs.")
+    closest: str | None = Field(description="When no setting met the SLOs: the nearest to them (the largest "
+                                "p99 / bound ratio smallest), not recommended; else None.")
+    evidence: str = Field(description="How far the pick beats the runner-up on the metric: significant, "
+                          "indicative (one repeat), not significant, or n/a (no runner-up or no interval).")
+    caveats: list[str] = Field(default_factory=list, description="What the pick costs against the baseline: "
+                               "preemptions that appeared, throughput lost.")
 
 
 class Verdicts(BaseModel):
     """Answers per objective."""
 
-    best: list[Verdict] = Field(description="Best setting for TTFT p99, TPOT p99, throughput, and throughput "
-                                "within the SLOs.")
+    best: list[Verdict] = Field(description="Best setting for TTFT p99, TPOT p99 and throughput, then for goodput, "
+                                "TTFT p99, TPOT p99 and throughput among the settings within the SLOs.")
     met_slos: list[str] = Field(description="Settings whose p99 TTFT and TPOT meet the SLOs.")
     pareto_ttft_tpot: list[str] = Field(description="Settings on the TTFT p99 / TPOT p99 Pareto front.")
+    recommendation: Recommendation | None = Field(None, description="The one pick by the plan's objective (None "
+                                                  "in a comparison saved before there was one).")
 
 
 class FailedRun(BaseModel):

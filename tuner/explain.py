@@ -1,21 +1,26 @@
 """One or two sentences per variation saying what changed and why, from vLLM's own signals.
 
-Pure rules over the comparison's numbers. The effects named are only the significant ones (TTFT, TPOT/ITL,
-throughput: their CI excludes 0); the causes cited are server signals that moved past a threshold, always with
-their before -> after values, and the parameter that changed says which cause is attributed to the knob. What
-the numbers do not show is not claimed: without a significant effect the sentence says "no significant change".
+Pure rules over the comparison's numbers. The effects named are only those whose interval excludes 0
+(tuner.verdicts.evidence: significant, or indicative with one repeat), grouped as TTFT (mean, p50, p99), time per
+token (TPOT and ITL, the tail ITL p99 included) and throughput, one clause per group and direction (ITL p50 down
+and ITL p99 up are two effects), the largest relative change first; a group's other metrics that moved the same
+way by >= 5% follow the lead in brackets. The causes cited are server signals that moved past a threshold, always
+with their before -> after values, and the parameter that changed says which cause is attributed to the knob.
+What the numbers do not show is not claimed: without an effect the sentence says "no significant change".
 
 Thresholds (server signals have no CI with one repeat, so a change must be large to be cited):
-- tokens per step moved by >= 20% (ratio outside [1/1.2, 1.2]);
+- tokens per step or mean prefill time moved by >= 20% (ratio outside [1/1.2, 1.2]);
 - queueing: mean queue time rose >= 2x and by >= 50 ms, or max waiting rose by >= max(4, its baseline);
 - preemptions appeared (0 -> > 0), rose >= 2x and by >= 10, or disappeared (> 0 -> 0);
 - KV full: peak usage >= 0.99;
-- the running batch is capped when max running >= 90% of max_num_seqs.
+- the running batch is capped when max running >= 90% of max_num_seqs;
+- tail ITL up is decodes sharing steps with long prefills when the token budget was raised or steps got longer.
 """
 
 from __future__ import annotations
 
 from tuner.comparison import MetricDelta, SettingSummary, VariationComparison
+from tuner.verdicts import counts
 
 STEP_RATIO = 1.2
 QUEUE_RATIO, QUEUE_MIN_S = 2.0, 0.05
@@ -23,6 +28,13 @@ WAITING_MIN = 4
 PREEMPT_RATIO, PREEMPT_MIN = 2.0, 10
 KV_FULL = 0.99
 CAP_FRACTION = 0.9
+ALSO_MIN = 0.05  # a group's other metric is named beside the lead only when it moved by >= 5%
+ALSO_MAX = 2  # and at most this many of them
+
+# The effect groups: metric keys, the order within a group breaking ties
+TTFT = ("ttft_p99", "ttft_p50", "ttft_mean")
+PER_TOKEN = ("itl_p99", "itl_p50", "tpot_p99", "tpot_p50", "tpot_mean")
+THROUGHPUT = ("completion_throughput_rps", "output_tokens_per_s")
 
 
 def explain(variation: VariationComparison, baseline: SettingSummary | None, setting: SettingSummary) -> str:
@@ -32,16 +44,38 @@ def explain(variation: VariationComparison, baseline: SettingSummary | None, set
     if not setting.runs_ok:
         return "every run of this setting failed (see the failed runs)"
     facts = _Facts(variation, baseline, setting)
-    # throughput claims its causes first (preemptions explain lost throughput best), then shown in reading order
-    throughput = facts.throughput()
-    clauses = [clause for clause in (facts.ttft(), facts.latency_per_token(), throughput) if clause]
+    effects = sorted(facts.effects(), key=lambda e: -e.size)
+    # throughput claims its causes first (preemptions explain lost throughput best); then the rest in the order
+    # they are shown, so a signal's numbers come with the first clause that cites it
+    clauses = {id(e): facts.clause(e) for e in sorted(effects, key=lambda e: e.group != THROUGHPUT)}
     tail = facts.leftovers()
-    if not clauses:
+    if not effects:
         sentence = "no significant change in TTFT, TPOT, ITL or throughput"
         return f"{sentence} ({'; '.join(tail)})" if tail else sentence
-    text = "; ".join([*clauses, *tail])
+    text = "; ".join([*(clauses[id(e)] for e in effects), *tail])
     advice = facts.advice()
     return f"{text}. {advice}" if advice else text
+
+
+class _Effect:
+    """The metrics of one group that moved one way, largest first."""
+
+    def __init__(self, group: tuple[str, ...], metrics: list[MetricDelta]):
+        self.group = group
+        self.metrics = sorted(metrics, key=lambda m: (-abs(m.relative or 0.0), group.index(m.metric)))
+        self.lead = self.metrics[0]
+        self.up = (self.lead.delta or 0.0) > 0
+        self.size = abs(self.lead.relative or 0.0)
+
+    def head(self, label: str | None = None) -> str:
+        # throughput's twin (output tokens/s) moves with it: brackets only for the latencies
+        others = [] if self.group == THROUGHPUT else self.metrics[1:]
+        also = [m for m in others if abs(m.relative or 0.0) >= ALSO_MIN][:ALSO_MAX]
+        brackets = f" ({', '.join(f'{m.label} {pct(m.relative)}' for m in also)})" if also else ""
+        return f"{label or self.lead.label} {pct(self.lead.relative)}{brackets}"
+
+    def has(self, key: str) -> bool:
+        return any(m.metric == key for m in self.metrics)
 
 
 def pct(relative: float | None) -> str:
@@ -73,43 +107,33 @@ class _Facts:
         self.capacity = (baseline.kv_capacity_tokens, setting.kv_capacity_tokens)
         self.cited: set[str] = set()
 
-    # --- effects: one clause each, only when significant -------------------------------------------------
+    # --- effects: one clause per group and direction ------------------------------------------------------
     # Each cause is cited only in the direction that explains the effect (more queueing makes TTFT worse,
     # never better), and once: a later clause does not repeat it.
 
-    def ttft(self) -> str | None:
-        found = self._significant("ttft_p99", "ttft_p50")
-        if found is None:
-            return None
-        metric, delta = found
-        up = delta > 0
-        return self._clause(metric, [self._steps(more=not up, prefill=True), self._queue(up), self._preempt(up)],
-                            ": ")
+    def effects(self) -> list[_Effect]:
+        out = []
+        for group in (TTFT, PER_TOKEN, THROUGHPUT):
+            moved = [m for m in map(self.v.metric, group) if counts(m)]
+            for up in (True, False):
+                same = [m for m in moved if ((m.delta or 0.0) > 0) == up]
+                if same:
+                    out.append(_Effect(group, same))
+        return out
 
-    def latency_per_token(self) -> str | None:
-        found = self._significant("itl_p50", "tpot_p50", "itl_p99", "tpot_p99")
-        if found is None:
-            return None
-        metric, delta = found
-        up = delta > 0
-        return self._clause(metric, [self._steps(more=up, prefill=False), self._running(up), self._preempt(up)],
-                            " ")
+    def clause(self, effect: _Effect) -> str:
+        up = effect.up
+        if effect.group == TTFT:
+            reasons = [self._steps(more=not up, prefill=True), self._prefill(up), self._queue(up), self._preempt(up)]
+            return self._clause(effect.head(), reasons, ": ")
+        if effect.group == PER_TOKEN:
+            stutter = self._stutter() if up and effect.has("itl_p99") else None
+            reasons = [stutter, self._steps(more=up, prefill=False), self._running(up), self._preempt(up)]
+            return self._clause(effect.head(), reasons, ": " if stutter else " ")
+        label = "throughput" if effect.lead.metric == "completion_throughput_rps" else None
+        return self._clause(effect.head(label), [self._preempt(not up), self._running(up)], ": ")
 
-    def throughput(self) -> str | None:
-        found = self._significant("completion_throughput_rps", "output_tokens_per_s")
-        if found is None:
-            return None
-        metric, delta = found
-        label = "throughput" if metric.metric == "completion_throughput_rps" else metric.label
-        down = delta < 0
-        return self._clause(metric, [self._preempt(down), self._running(not down)], ": ", label)
-
-    def _significant(self, *keys: str) -> tuple[MetricDelta, float] | None:
-        """The first of the metrics whose delta is significant, with that delta."""
-        return next(((m, m.delta) for m in map(self.v.metric, keys) if m.significant and m.delta is not None), None)
-
-    def _clause(self, metric: MetricDelta, reasons: list[str | None], joiner: str, label: str | None = None) -> str:
-        head = f"{label or metric.label} {pct(metric.relative)}"
+    def _clause(self, head: str, reasons: list[str | None], joiner: str) -> str:
         found = [r for r in reasons if r]
         return f"{head}{joiner}{', and '.join(found)}" if found else head
 
@@ -138,6 +162,34 @@ class _Facts:
             return f"{ratio:.1f}× {'more' if more else 'fewer'} {what} per step{numbers}"
         return f"as steps got {'longer' if more else 'shorter'}{numbers}"
 
+    def _prefill(self, up: bool) -> str | None:
+        """Mean prefill time (vLLM's request_prefill_time: scheduled to first token) moved the effect's way."""
+        moved = self._moved("prefill_time_mean_s", up)
+        if "prefill" in self.cited or moved is None:
+            return None
+        self.cited.add("prefill")
+        a, b = moved
+        text = f"prefill took {b / a if up else a / b:.1f}× {'longer' if up else 'less time'} " \
+               f"(prefill time mean {num(a, 's')} → {num(b, 's')})"
+        raised = self._knob("max_num_batched_tokens", raised=True)
+        if up and raised is not None:
+            text += f" — max_num_batched_tokens {raised:,} prefills several prompts together in longer steps"
+        return text
+
+    def _stutter(self) -> str | None:
+        """Tail ITL up: a decode's gap is a whole step, and a step that carries a long prefill is a long one."""
+        itl = self.v.metric("itl_p99")
+        raised = self._knob("max_num_batched_tokens", raised=True)
+        longer = self._moved("tokens_per_step_mean", True)
+        if "stutter" in self.cited or (raised is None and longer is None):
+            return None
+        self.cited.add("stutter")
+        numbers = f"ITL p99 {num(itl.baseline, 's')} → {num(itl.value, 's')}"
+        if raised is not None:
+            return f"decodes stall in steps shared with long prefills ({numbers}) — max_num_batched_tokens " \
+                   f"{raised:,} lets a long prompt's prefill into the same step as the running decodes"
+        return f"decodes stall in longer steps ({numbers})"
+
     def _queue(self, up: bool) -> str | None:
         qa, qb = self.a.get("queue_time_mean_s"), self.b.get("queue_time_mean_s")
         wa, wb = self.a.get("max_waiting") or 0, self.b.get("max_waiting") or 0
@@ -158,12 +210,12 @@ class _Facts:
 
     def _queue_cause(self) -> str:
         """Which cap made them wait: attributed to the changed knob only when a signal shows it binding."""
-        seqs = self._lowered("max_num_seqs")
+        seqs = self._knob("max_num_seqs", raised=False)
         running = self.b.get("max_running") or 0
         if seqs is not None and running >= CAP_FRACTION * seqs:
             self.cited.add("cap")
             return f" — max_num_seqs {seqs} caps the running batch (max running {num(running)})"
-        tokens = self._lowered("max_num_batched_tokens")
+        tokens = self._knob("max_num_batched_tokens", raised=False)
         if tokens is not None:
             return f" — max_num_batched_tokens {tokens:,} admits fewer prompt tokens per step"
         if (self.b.get("kv_usage_peak") or 0) >= KV_FULL:
@@ -179,7 +231,7 @@ class _Facts:
         self.cited.add("running")
         a, b = moved
         text = f"{'more' if more else 'fewer'} sequences per step (max running {num(a)} → {num(b)})"
-        seqs = self._lowered("max_num_seqs")
+        seqs = self._knob("max_num_seqs", raised=False)
         if not more and seqs is not None and b >= CAP_FRACTION * seqs and "cap" not in self.cited:
             self.cited.add("cap")
             text += f" — max_num_seqs {seqs} caps the running batch"
@@ -204,12 +256,13 @@ class _Facts:
             return f"preemptions gone ({num(a)} → 0)"
         return None
 
-    def _lowered(self, name: str) -> int | float | None:
-        """The new value of a numeric parameter the variation lowered, else None."""
+    def _knob(self, name: str, raised: bool) -> int | float | None:
+        """The new value of a numeric parameter the variation raised (or lowered), else None."""
         change = self.changed.get(name)
         if change is None or not isinstance(change.value, int | float) or not isinstance(change.baseline, int | float):
             return None
-        return change.value if change.value < change.baseline else None
+        return change.value if (change.value > change.baseline) == raised and change.value != change.baseline \
+            else None
 
     def _capacity(self) -> str:
         a, b = self.capacity

@@ -45,14 +45,21 @@ class MetricDef:
     count: Callable[[Measured], float] | None = None  # the Poisson count behind a rate or total
 
 
-def _latency(name: str, q: int) -> MetricDef:
+def _latency(name: str, q: int | None) -> MetricDef:
+    """A latency's percentile q, or its mean (q None: no percentile to bootstrap across requests)."""
     label = name.upper() if name != "e2e" else "E2E"
-    return MetricDef(f"{name}_p{q}", f"{label} p{q}", "s", "lower",
-                     lambda r: getattr(getattr(r.client, name), f"p{q}"), f"{name}_s", float(q))
+    field = "mean" if q is None else f"p{q}"
+    return MetricDef(f"{name}_{field}", f"{label} {field}", "s", "lower",
+                     lambda r: getattr(getattr(r.client, name), field), f"{name}_s",
+                     None if q is None else float(q))
 
 
 METRICS: tuple[MetricDef, ...] = (
-    *(_latency(name, q) for name in ("ttft", "tpot", "itl", "e2e") for q in (50, 99)),
+    *(_latency(name, q) for name in ("ttft", "tpot") for q in (None, 50, 99)),
+    *(_latency(name, q) for name in ("itl", "e2e") for q in (50, 99)),
+    # completed requests whose own TTFT and TPOT met the plan's SLOs, per second (vLLM bench serve's goodput)
+    MetricDef("goodput_rps", "goodput", "req/s", "higher", lambda r: r.client.goodput_rps,
+              count=lambda r: r.client.good_completed or 0),
     MetricDef("completion_throughput_rps", "completion throughput", "req/s", "higher",
               lambda r: r.client.completion_throughput_rps, count=lambda r: r.client.completed),
     # tokens per completed request scale the count: the tokens arrive with the requests that carry them

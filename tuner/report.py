@@ -23,6 +23,7 @@ from tuner.comparison import Comparison
 from tuner.metric_defs import METRICS
 from tuner.plan import BASELINE, Plan, Slos
 from tuner.report_plots import PLOTS
+from tuner.report_recommendation import recommendation_lines
 from tuner.report_scenarios import Block, Heading, Paragraph, is_scenario_dir, scenario_blocks, scenario_dirs
 from tuner.report_text import (
     METRIC_HEAD,
@@ -56,7 +57,8 @@ def write_report(plan_dir: Path) -> list[Path]:
                                  "report.html": scenarios_html(plan_dir, scenarios)})
     plan = read_plan(plan_dir)
     order = [v.name for v in plan.variations] if plan else None
-    comparison = compare(results, plan.slos if plan else Slos(), order=order)
+    comparison = compare(results, plan.slos if plan else Slos(), order=order,
+                         objective=plan.objective if plan else "goodput")
     return _write(plan_dir, {
         "report.md": render_markdown(comparison, scenarios),
         "report.html": render_html(comparison, scenarios),
@@ -109,7 +111,8 @@ def scenarios_markdown(folder: Path, blocks: list[Block]) -> str:
 def render_markdown(c: Comparison, scenarios: list[Block] | None = None) -> str:
     """report.md: conditions, settings, verdicts, one section per variation, failed runs, then the scenarios'
     sections (when the plan folder has any)."""
-    out = [f"# Tuning report: {c.plan}", "", mode_line(c), "", ci_line(c), "",
+    out = [f"# Tuning report: {c.plan}", "", *[f"{line}\n" for line in recommendation_lines(c)], mode_line(c), "",
+           ci_line(c), "",
            "## Locked conditions", "", md_table(["condition", "value"], [list(r) for r in conditions_rows(c)]), "",
            f"SLOs: {slo_text(c.slos)}.", "",
            "## Settings", "", md_table(SETTINGS_HEAD, settings_rows(c)), "",
@@ -210,6 +213,7 @@ def scenarios_html(folder: Path, blocks: list[Block]) -> str:
 def render_html(c: Comparison, scenarios: list[Block] | None = None) -> str:
     """report.html: the Markdown report's content plus the plots, one self-contained page."""
     out = [f"<h1>Tuning report: {html.escape(c.plan)}</h1>",
+           *[f"<p class='recommendation'>{markdown_bold(line)}</p>" for line in recommendation_lines(c)],
            f"<p>{markdown_bold(mode_line(c))}</p>", f"<p class='note'>{html.escape(ci_line(c))}</p>",
            "<h2>Locked conditions</h2>", html_table(["condition", "value"], [list(r) for r in conditions_rows(c)]),
            f"<p>SLOs: {html.escape(slo_text(c.slos))}.</p>",

@@ -125,7 +125,8 @@ def verdict_lines(c: Comparison) -> list[str]:
         unit = METRIC_BY_KEY[v.metric].unit
         note = {True: "significant vs baseline", False: "not significantly different from the baseline",
                 None: "the baseline" if v.setting == BASELINE else "no CI"}[v.significant_vs_baseline]
-        lines.append(f"{v.objective}: **{v.setting}** ({shown(v.value, unit)} {display_unit(unit)}; {note})")
+        caveat = f" — but {v.caveat}" if v.caveat else ""
+        lines.append(f"{v.objective}: **{v.setting}** ({shown(v.value, unit)} {display_unit(unit)}; {note}){caveat}")
     met = ", ".join(c.verdicts.met_slos) or "none"
     lines.append(f"Met the SLOs ({slo_text(c.slos)}): {met}")
     lines.append(f"Pareto front, TTFT p99 vs TPOT p99: {', '.join(c.verdicts.pareto_ttft_tpot) or 'none'}")

@@ -11,12 +11,13 @@ import pytest
 
 from tests.stubs import HttpStub, json_reply
 from tests.tuner.support import tiny_plan
-from tuner.plan import Plan
+from tuner.plan import Plan, Slos
 from tuner.progress import client_live, quantile
 from tuner.runner import PROMETHEUS_QUERIES, annotate, diff, plan_runs, query_prometheus
 from tuner.signals import (
     MetricsPoint,
     cache_config,
+    good_requests,
     parse_metrics,
     request_samples,
     server_report,
@@ -124,6 +125,20 @@ def test_request_samples_keep_a_tpot_of_zero(tmp_path):
     records.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
     window = SimpleNamespace(window_start_s=0.0, effective_duration_s=100.0)
     assert request_samples(records, window).tpot_s == [0.0, 0.01]
+
+
+def test_goodput_counts_each_window_request_by_its_own_ttft_and_tpot(tmp_path):
+    # vLLM bench serve's rule: a request is good when its TTFT and its TPOT are both within the bounds; a one-token
+    # request has no TPOT and passes that bound; failed requests and those that ended outside the window count not
+    records = tmp_path / "records.jsonl"
+    cases = [(0.1, 0.01, "ok", 11.0), (3.0, 0.01, "ok", 12.0), (0.1, 0.5, "ok", 13.0), (0.1, None, "ok", 14.0),
+             (0.1, 0.01, "timeout", 15.0), (0.1, 0.01, "ok", 150.0)]
+    rows = [{"request_id": f"r{n}", "worker": 0, "scheduled_s": end - 1, "end_s": end, "ttft_s": ttft, "e2e_s": 1.0,
+             "tpot_s": tpot, "outcome": outcome} for n, (ttft, tpot, outcome, end) in enumerate(cases)]
+    records.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    window = SimpleNamespace(window_start_s=0.0, effective_duration_s=100.0)
+    assert good_requests(records, window, Slos(ttft_p99_s=2.0, tpot_p99_s=0.2)) == 2
+    assert good_requests(records, window, Slos(ttft_p99_s=None, tpot_p99_s=None)) == 4
 
 
 def vllm_08_metrics(kv: float, queries: float, new_kv: float | None = None) -> str:

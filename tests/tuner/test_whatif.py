@@ -9,7 +9,7 @@ import pytest
 
 from simulator.config import Deployment, ServeConfig
 from simulator.profile import load_profile
-from tuner.plan import CommandBackend, Plan
+from tuner.plan import CommandBackend, Plan, Slos
 from tuner.results import RunResult
 from tuner.whatif import run_what_if, simulate
 
@@ -176,3 +176,18 @@ def test_unique_prompts_what_if_hits_nothing_and_a_shared_prefix_cuts_ttft() -> 
                       for s in (None, {"tokens": 256}))
     assert shared.client.ttft.mean < 0.75 * unique.client.ttft.mean
     assert unique.server is not None and unique.server.prefix_cache_hit_rate == 0.0
+
+
+def test_goodput_counts_the_requests_within_both_slos() -> None:
+    # the SLOs do not change the virtual run, so a bound at the median TTFT keeps about half of its requests
+    plan = one_knob_plan(workload={"input_tokens": 512, "output_tokens": 64, "load": {"mode": "poisson", "rate": 8}},
+                         warmup_s=2, window_s=10)
+    loose = run_what_if(plan, "baseline", plan.baseline, 0)
+    ttft_bound = float(sorted(loose.samples.ttft_s)[len(loose.samples.ttft_s) // 2])
+    tpot_bound = float(max(loose.samples.tpot_s))  # every request's TPOT within: the TTFT bound decides
+    tight = run_what_if(plan.model_copy(update={"slos": Slos(ttft_p99_s=ttft_bound, tpot_p99_s=tpot_bound)}),
+                        "baseline", plan.baseline, 0)
+    assert loose.client.good_completed == loose.client.completed  # the default SLOs: 2 s, 200 ms
+    expected = sum(t <= ttft_bound for t in tight.samples.ttft_s)
+    assert tight.client.good_completed == expected and 0 < expected < tight.client.completed
+    assert tight.client.goodput_rps == pytest.approx(expected / tight.client.window_s)
