@@ -196,7 +196,7 @@ class BatchscopeCollector(Collector):
             body = fetch(self._workers.session(), url, deadline=deadline, max_bytes=METRICS_MAX_BYTES,
                          headers=METRICS_HEADERS)
             parsed = self._parsers[prefix].parse(body.text())
-            result.families = [family for family in parsed if family.name.startswith(prefix)]
+            result.families = families.contributed(parsed, prefix)
             result.start_time_s = next((f.samples[0].value for f in parsed
                                         if f.name == "process_start_time_seconds" and f.samples), None)
             result.up = True

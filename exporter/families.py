@@ -5,12 +5,17 @@ kv_cache_usage_perc, gpu_prefix_cache_{queries,hits} -> prefix_cache_{queries,hi
 tokens later), time_per_output_token_seconds -> inter_token_latency_seconds. Old names are exposed under the
 new ones so one dashboard works from vLLM 0.8 onwards; when a server exposes both (its deprecation window),
 the old family is dropped. Each mapping applied is reported, so nobody has to guess.
+
+vLLM's API server also serves two families of its own that the dashboards read, the HTTP requests by status and
+the process's CPU time; they are re-exposed as batchscope_vllm_* (API_SERVER), since unprefixed they would be
+taken for the exporter's own.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from typing import Final
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -83,6 +88,23 @@ def _with_values(families: list[Metric], values: list[str]) -> list[Metric]:
         copy.samples = [sample._replace(value=float(next(position))) for sample in family.samples]
         fresh.append(copy)
     return fresh
+
+
+# vLLM API server family (prometheus_client's name, without _total) -> the name the exporter gives it
+API_SERVER: Final = {
+    "http_requests": "batchscope_vllm_http_requests",
+    "process_cpu_seconds": "batchscope_vllm_process_cpu_seconds",
+}
+
+
+def contributed(parsed: list[Metric], prefix: str) -> list[Metric]:
+    """The families a target contributes: those under its prefix and, for vLLM's ("vllm:"), its API server's
+    HTTP and CPU counters under batchscope_vllm_ names."""
+    own = [family for family in parsed if family.name.startswith(prefix)]
+    if prefix != "vllm:":
+        return own
+    return own + [_rename(family, family.name, API_SERVER[family.name]) for family in parsed
+                  if family.name in API_SERVER]
 
 
 def _renamed_base(name: str) -> str | None:

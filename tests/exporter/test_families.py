@@ -174,3 +174,10 @@ def test_the_exporter_reexposes_every_family_a_real_vllm_032_serves(exporters):
     real = {f.name for f in families.parse(VLLM_032) if f.name.startswith("vllm:")}
     assert real == {f.name for f in families.parse(text) if f.name.startswith("vllm:")}
     assert len(real) == 72  # 39 families and the _created twins of its 33 counters and histograms
+    # the API server's HTTP requests and CPU time (the dashboards' error-ratio and CPU panels), renamed
+    api_server = ("http_requests_total", "process_cpu_seconds_total")
+    real_api = {("batchscope_vllm_" + name, labels): value for (name, labels), value in samples(VLLM_032).items()
+                if name in api_server}
+    assert len(real_api) == 3
+    assert {key: value for key, value in exported.items() if key[0].removeprefix("batchscope_vllm_") in api_server} \
+        == real_api
