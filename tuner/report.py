@@ -21,8 +21,9 @@ from pathlib import Path
 from tuner.compare import compare
 from tuner.comparison import Comparison
 from tuner.metric_defs import METRICS
-from tuner.plan import BASELINE, Plan, Slos
-from tuner.report_plots import PLOTS
+from tuner.plan import BASELINE, TUNABLE, Plan, Slos
+from tuner.report_html import html_blocks, html_figure, html_page, html_table, markdown_bold
+from tuner.report_plots import PLOTS, png
 from tuner.report_recommendation import recommendation_lines
 from tuner.report_scenarios import Block, Heading, Paragraph, is_scenario_dir, scenario_blocks, scenario_dirs
 from tuner.report_text import (
@@ -157,51 +158,10 @@ def render_csv(c: Comparison) -> str:
 
 # --- HTML -------------------------------------------------------------------------------------------------
 
-CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1300px; color: #222; }
-h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
-th { background: #f2f4f7; overflow-wrap: anywhere; } td:first-child, th:first-child { text-align: left; }
-div.wide { overflow-x: auto; }
-td.sig { color: #0a7a2f; font-weight: bold; text-align: center; }
-.explanation { background: #f7f9fc; border-left: 4px solid #1f77b4; padding: 0.5em 0.8em; }
-.note { color: #555; } figure { margin: 1em 0; } img.plot { max-width: 100%; border: 1px solid #eee; }
-"""
-
-
-def html_table(head: list[str], rows: list[list[str]], sig_column: int | None = None) -> str:
-    header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = []
-    for row in rows:
-        cells = "".join(("<td class='sig'>" if i == sig_column else "<td>") + f"{html.escape(x)}</td>"
-                        for i, x in enumerate(row))
-        body.append(f"<tr>{cells}</tr>")
-    return f"<div class='wide'><table><thead><tr>{header}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
-
-
-def markdown_bold(text: str) -> str:
-    """The one Markdown construct verdict lines use (**bold**), as HTML, after escaping."""
-    parts = html.escape(text).split("**")
-    return "".join(f"<strong>{p}</strong>" if i % 2 else p for i, p in enumerate(parts))
-
-
-def html_blocks(blocks: list[Block]) -> list[str]:
-    """The scenario sections' blocks as HTML elements."""
-    out = []
-    for block in blocks:
-        if isinstance(block, Heading):
-            out.append(f"<h{block.level}>{html.escape(block.text)}</h{block.level}>")
-        elif isinstance(block, Paragraph):
-            out.append(f"<p>{html.escape(block.text)}</p>")
-        else:
-            out.append(html_table(block.head, block.rows))
-    return out
-
-
-def html_page(title: str, body: list[str]) -> str:
-    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+# the tables' columns of ✓/✗/n/a marks, and the knob columns (long names over short values: set vertically)
+SETTINGS_MARKS = frozenset({SETTINGS_HEAD.index("meets SLOs")})
+METRIC_MARKS = frozenset({METRIC_HEAD.index("significant")})
+KNOB_COLUMNS = frozenset(i for i, name in enumerate(SETTINGS_HEAD) if name in TUNABLE)
 
 
 def scenarios_html(folder: Path, blocks: list[Block]) -> str:
@@ -217,16 +177,15 @@ def render_html(c: Comparison, scenarios: list[Block] | None = None) -> str:
            f"<p>{markdown_bold(mode_line(c))}</p>", f"<p class='note'>{html.escape(ci_line(c))}</p>",
            "<h2>Locked conditions</h2>", html_table(["condition", "value"], [list(r) for r in conditions_rows(c)]),
            f"<p>SLOs: {html.escape(slo_text(c.slos))}.</p>",
-           "<h2>Settings</h2>", html_table(SETTINGS_HEAD, settings_rows(c), sig_column=len(SETTINGS_HEAD) - 1),
+           "<h2>Settings</h2>",
+           html_table(SETTINGS_HEAD, settings_rows(c), marks=SETTINGS_MARKS, vertical=KNOB_COLUMNS),
            "<h2>Verdicts</h2>", "<ul>" + "".join(f"<li>{markdown_bold(x)}</li>" for x in verdict_lines(c)) + "</ul>",
            "<h2>Plots</h2>"]
-    for plot_id, caption, draw in PLOTS:
-        out.append(f"<figure><img class='plot' id='plot-{plot_id}' alt='{html.escape(caption)}' "
-                   f"src='data:image/png;base64,{draw(c)}'><figcaption>{html.escape(caption)}</figcaption></figure>")
+    out += [html_figure(plot_id, caption, png(figure(c))) for plot_id, caption, figure in PLOTS]
     for v in c.variations:
         out += [f"<h2>{html.escape(v.setting)}: {html.escape(changed_text(c, v.setting))}</h2>",
                 f"<p class='explanation'><strong>Explanation:</strong> {html.escape(v.explanation)}</p>",
-                html_table(METRIC_HEAD, metric_rows(v.metrics), sig_column=len(METRIC_HEAD) - 1)]
+                html_table(METRIC_HEAD, metric_rows(v.metrics), marks=METRIC_MARKS)]
     out.append("<h2>Failed runs</h2>")
     if c.failed:
         out.append(html_table(["run", "failure"], [[f"{f.setting}-r{f.repeat}", f.failure] for f in c.failed]))
