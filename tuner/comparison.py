@@ -94,6 +94,9 @@ class Verdict(BaseModel):
     value: float | None = Field(description="Its value, in the metric's unit.")
     significant_vs_baseline: bool | None = Field(description="Its delta to the baseline is significant (None for "
                                                  "the baseline itself or without a CI).")
+    evidence: str | None = Field(None, description="What its delta to the baseline shows (tuner.verdicts.evidence: "
+                                 "significant, indicative, not significant, no spread, n/a); None for the "
+                                 "baseline itself.")
     caveat: str | None = Field(None, description="For a latency objective: what the setting costs that its latency "
                                "hides (it preempts, it loses throughput), so it is never picked silently.")
 

@@ -91,7 +91,7 @@ def _why(c: Comparison, r: Recommendation, pick: SettingSummary) -> str:
 
 def _trades(pick: SettingSummary, runner: SettingSummary) -> str:
     """What the pick gives up and gains against the runner-up, by >= TRADE_MIN (values, not intervals: each was
-    compared with the baseline only)."""
+    compared with the baseline only, as the line says)."""
     worse: list[str] = []
     better: list[str] = []
     for key in TRADE_KEYS:
@@ -99,15 +99,15 @@ def _trades(pick: SettingSummary, runner: SettingSummary) -> str:
         if a is None or not b or abs(a / b - 1) < TRADE_MIN:
             continue
         metric = METRIC_BY_KEY[key]
-        text = f"{metric.label} {_value(pick, key)} vs {_value(runner, key)}"
+        text = f"{metric.label} {_value(pick, key)} vs {_value(runner, key)} ({a / b - 1:+.0%})".replace("-", "−")
         (worse if (a > b) == (metric.better == "lower") else better).append(text)
     if not worse and not better:
         return "the two differ by less than 5% on TTFT, TPOT, tail ITL and throughput"
     out = []
     if worse:
-        out.append(f"against it the pick gives up {', '.join(worse)}")
+        out.append(f"by value, against it the pick gives up {', '.join(worse)}")
     if better:
-        out.append(f"{'and ' if worse else 'against it the pick '}gains {', '.join(better)}")
+        out.append(f"{'and ' if worse else 'by value, against it the pick '}gains {', '.join(better)}")
     return " ".join(out)
 
 

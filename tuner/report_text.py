@@ -116,6 +116,11 @@ def metric_rows(metrics: list[MetricDelta]) -> list[list[str]]:
              shown(m.delta, m.unit, True), percent(m.relative), ci_text(m), significance(m)] for m in metrics]
 
 
+VERDICT_NOTES = {"significant": "significant vs baseline", "indicative": "indicative vs baseline, too few repeats to "
+                 "be significant", "not significant": "not significantly different from the baseline",
+                 "no spread": "no spread across runs vs baseline", "n/a": "no CI"}
+
+
 def verdict_lines(c: Comparison) -> list[str]:
     lines = []
     for v in c.verdicts.best:
@@ -123,8 +128,7 @@ def verdict_lines(c: Comparison) -> list[str]:
             lines.append(f"{v.objective}: none")
             continue
         unit = METRIC_BY_KEY[v.metric].unit
-        note = {True: "significant vs baseline", False: "not significantly different from the baseline",
-                None: "the baseline" if v.setting == BASELINE else "no CI"}[v.significant_vs_baseline]
+        note = "the baseline" if v.setting == BASELINE else VERDICT_NOTES.get(v.evidence or "n/a", "no CI")
         caveat = f" — but {v.caveat}" if v.caveat else ""
         lines.append(f"{v.objective}: **{v.setting}** ({shown(v.value, unit)} {display_unit(unit)}; {note}){caveat}")
     met = ", ".join(c.verdicts.met_slos) or "none"

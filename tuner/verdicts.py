@@ -77,6 +77,7 @@ def verdicts(settings: list[SettingSummary], variations: list[VariationCompariso
         latency = METRIC_BY_KEY[key].better == "lower"
         return Verdict(objective=words, metric=key, setting=winner.setting, value=winner.values.get(key),
                        significant_vs_baseline=None if delta is None else delta.significant,
+                       evidence=None if delta is None else evidence(delta),
                        caveat=("; ".join(costs(deltas.get(winner.setting))) or None) if latency else None)
 
     overall = [("TTFT p99 (lowest)", "ttft_p99"), ("TPOT p99 (lowest)", "tpot_p99"),
