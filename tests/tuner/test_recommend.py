@@ -37,6 +37,7 @@ def test_a_preempting_setting_is_never_recommended_for_a_latency_silently():
     assert "Note: it preempts" in headline and "loses 50% of throughput" in headline
     best = next(v for v in c.verdicts.best if v.objective == "TPOT p99 (lowest)")
     assert best.setting == "gmu-0.25" and best.caveat is not None and "preempts" in best.caveat
+    assert best.evidence == "indicative"  # one repeat: its interval excludes 0, no more
 
 
 def test_goodput_recommends_among_the_settings_that_met_the_slos():
