@@ -1,12 +1,12 @@
-"""The "LLM" tab of Locust's web UI: one grid of the run's client-side figures, the server's own queue as vLLM's
-/metrics reports it, links to the Grafana dashboards, and the workload spec.
+"""The "LLM" tab of Locust's web UI: a grid of cards for a screen, with the run's client-side figures, the
+server's own queue as vLLM's /metrics reports it, the serving configuration the server exposes, charts of all
+of these over the run, links to the Grafana dashboards, and the workload spec.
 
-Locust's React UI shows extra tabs declared in ``web_ui.template_args`` (``extended_tabs``, and per tab the
-columns of its table in ``extended_tables``) and fills each from the ``extended_stats`` list of the
-``/stats/requests`` JSON, which it polls every 2 s while a run goes on; an ``after_request`` hook adds that list.
+Locust's React UI shows extra tabs declared in ``web_ui.template_args["extended_tabs"]`` but can only fill one
+with a table. So the tab is declared without a table, and a script of ours (``static/llm_tab.js``, added to
+Locust's index page; plain DOM and SVG, nothing fetched from elsewhere: Locust's bundled echarts is internal to
+its bundle, not reachable from outside it) draws the grid into the tab and polls ``<base>/llm/state`` every 2 s.
 Only the controller (master or local runner) has a web UI, so the tab shows the merged view of every worker.
-A tab has one column structure, so the grid is Figure | Mean / value | p50 | p90 | p99: latency rows fill all
-four, every other row puts its single value in the second column. Cells are rendered as plain text.
 
 Client figures follow the end-of-run summary (loadgen/summary.py): latencies of the requests completed ok in the
 measurement window (loadgen/window.py: ended after warm-up and within duration_s) with exact percentiles, in ms;
@@ -15,24 +15,32 @@ keep up to date); the end-of-run summary counts every token that arrived in the 
 higher while long requests are streaming.
 
 Server figures come from ``<host>/metrics`` (no API key: vLLM serves /metrics without one), read with a 1 s
-timeout at most once per UI poll, over every ``engine``: requests running and waiting (summed), KV cache usage
-(averaged), and preemptions in the window (summed) = the counter now minus its value at the first successful
-read at or after the window start. A read is made at the window start, so that is the start unless the server
-did not answer then; the figure names the baseline's time otherwise. A failed read shows "unreachable".
+timeout at most once per MIN_READ_INTERVAL_S, over every ``engine``: requests running and waiting (summed), KV
+cache usage (averaged), and preemptions in the window (summed) = the counter now minus its value at the first
+successful read at or after the window start. A read is made at the window start, so that is the start unless
+the server did not answer then; the figure names the baseline's time otherwise. A failed read shows
+"unreachable". The serving configuration is what vLLM's ``vllm:cache_config_info`` labels say (block size,
+memory share, KV blocks...), beside the model the run asks for; vLLM does not expose its scheduler's knobs
+(max_num_seqs, max_num_batched_tokens) in /metrics, the exporter reads those from its command line.
+
+Once the run stops (its end, a stop asked for, or Locust's Stop button) the server is not read again: an idle
+server's zeros are not the run's figures, so the cards and charts keep the last reading taken while it ran.
+The charts' history is sampled every SAMPLE_INTERVAL_S by a greenlet of ours (a browser opened late still sees
+the whole run) and bounded: past MAX_POINTS, every other point is dropped and the interval doubles.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import gevent
 import requests
-from flask import Response, request
+from flask import Blueprint, Response, jsonify, request
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.vllm_catalogue import sample_aliases
@@ -45,25 +53,32 @@ if TYPE_CHECKING:
     from locust.web import WebUI
 
 TAB = "llm"
+STATIC = Path(__file__).with_name("static")
+SCRIPT = '<script src="./llm/static/llm_tab.js"></script>'  # relative: the index is served at <base>/
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
+CHARTED_LATENCIES = ("ttft", "itl")
 PERCENTILES = ("p50", "p90", "p99")
-# column keys without "_" or "name": the UI camel-cases keys and sorts rows by a "name" column by default
-COLUMNS = [{"key": "figure", "title": "Figure"}, {"key": "value", "title": "Mean / value"},
-           *({"key": p, "title": p} for p in PERCENTILES)]
 LOAD_LEVEL = {"concurrency": ("concurrency", "users"), "poisson": ("rate", "req/s"), "offline": ("requests", "total")}
 DASHBOARDS = {"overview": "batchscope-overview", "comparison": "batchscope-comparison"}  # fixed Grafana uids
+# Locust's runner states once a run has stopped (locust.runners.STATE_*, spelled out: importing Locust patches
+# the standard library, which a process must do first if at all)
+RUN_OVER = ("stopping", "stopped", "cleanup")
 
 SERVER_TIMEOUT_S = 1.0
 # a little under the UI's 2 s poll, so one browser gets a fresh reading on every poll while several browsers
-# (each poll runs the hook, even when Locust serves its memoized answer) don't multiply the reads
+# don't multiply the reads
 MIN_READ_INTERVAL_S = 1.5
+SAMPLE_INTERVAL_S = 2.0  # the charts' step (Locust's own charts poll every 2 s too)
+MAX_POINTS = 600  # per series: 20 minutes at 2 s, then thinned (a long run keeps its whole span)
+CONFIG_METRIC = "vllm:cache_config_info"
 # sample names as the text format spells them (a counter's samples end in _total), today's first, then older
 # releases' (vLLM 0.8 named the KV gauge gpu_cache_usage_perc); a server exposing both is in its deprecation
 # window: the new name wins
 SERVER_SAMPLES = {key: sample_aliases(name) for key, name in (
     ("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
     ("kv", "vllm:kv_cache_usage_perc"), ("preemptions", "vllm:num_preemptions_total"))}
-SAMPLE_PREFIXES = tuple(f"{name}{end}" for names in SERVER_SAMPLES.values() for name in names for end in "{ ")
+SAMPLE_PREFIXES = tuple(f"{name}{end}" for names in (*SERVER_SAMPLES.values(), (CONFIG_METRIC,))
+                        for name in names for end in "{ ")
 
 
 class Window:
@@ -97,11 +112,13 @@ class ServerReading:
     waiting: float | None
     kv: float | None
     preemptions: float | None
+    config: dict[str, str] = field(default_factory=dict)  # vllm:cache_config_info's labels, engine 0's
 
 
 def parse_server_metrics(text: str, at_s: float) -> ServerReading:
     """The figures of a text exposition: counts summed over their series (one per engine), the KV cache usage
-    averaged (each engine has its own pool of the same size, so a sum could pass 100%).
+    averaged (each engine has its own pool of the same size, so a sum could pass 100%), the cache config of the
+    first engine listed (engines of one server share it).
 
     Only the few wanted sample lines go through prometheus_client's parser: a vLLM /metrics carries thousands
     of histogram lines, whose full parse (~40 ms for 2,000 series, exporter/families.py) would stall this
@@ -109,12 +126,15 @@ def parse_server_metrics(text: str, at_s: float) -> ServerReading:
     """
     wanted = "\n".join(line for line in text.splitlines() if line.startswith(SAMPLE_PREFIXES))
     values: dict[str, list[float]] = {}
+    config: dict[str, str] = {}
     for family in text_string_to_metric_families(wanted + "\n"):
         for sample in family.samples:
             values.setdefault(sample.name, []).append(sample.value)
+            if sample.name == CONFIG_METRIC and not config:
+                config = {k: v for k, v in sorted(sample.labels.items()) if k != "engine"}
     found = {key: next((values[n] for n in names if n in values), None) for key, names in SERVER_SAMPLES.items()}
     figures = {key: None if v is None else sum(v) / (len(v) if key == "kv" else 1) for key, v in found.items()}
-    return ServerReading(at_s=at_s, **figures)
+    return ServerReading(at_s=at_s, config=config, **figures)
 
 
 class ServerMetrics:
@@ -134,8 +154,9 @@ class ServerMetrics:
         self.baseline: ServerReading | None = None
         self.last_read_s = -math.inf
 
-    def read(self, window_start_s: float, force: bool = False) -> None:
-        """Read unless one started less than MIN_READ_INTERVAL_S ago (or forced); keep the window's first baseline."""
+    def read(self, window_start_s: float, force: bool = False, keep: Callable[[], bool] = lambda: True) -> None:
+        """Read unless one started less than MIN_READ_INTERVAL_S ago (or forced); keep the window's first baseline.
+        A reading is dropped when ``keep()`` says no once it is in (the run stopped while it was on its way)."""
         now = self.clock()
         if now - self.last_read_s < MIN_READ_INTERVAL_S and not force:
             return
@@ -143,11 +164,22 @@ class ServerMetrics:
         try:
             reading = parse_server_metrics(self.fetch(self.url), now)
         except Exception:  # refused, timed out, an HTTP error, not an exposition: all mean "unreachable"
+            reading = None
+        if not keep():
+            return
+        if reading is None:
             self.reachable = False
             return
         self.latest, self.reachable = reading, True
         if self.baseline is None and now >= window_start_s and reading.preemptions is not None:
             self.baseline = reading
+
+    def preempted(self) -> float | None:
+        """Preemptions since the baseline, as of the latest reading."""
+        latest, baseline = self.latest, self.baseline
+        if latest is None or baseline is None or latest.preemptions is None or baseline.preemptions is None:
+            return None
+        return latest.preemptions - baseline.preemptions
 
 
 def get_text(url: str) -> str:
@@ -157,30 +189,122 @@ def get_text(url: str) -> str:
     return answer.text
 
 
+class History:
+    """The charts' series: one point per sample, bounded by MAX_POINTS (thinned by half, the step doubled)."""
+
+    def __init__(self) -> None:
+        self.points: list[dict[str, float | None]] = []
+        self.stride = 1  # samples per kept point
+        self.seen = 0
+
+    def add(self, point: dict[str, float | None], last: bool = False) -> None:
+        """Keep ``point`` when its turn comes in the stride, or always when it is the run's ``last``."""
+        self.seen += 1
+        if (self.seen - 1) % self.stride and not last:
+            return
+        self.points.append(point)
+        if len(self.points) > MAX_POINTS:
+            self.points = self.points[::2]
+            self.stride *= 2
+
+    def series(self) -> dict[str, list[float | None]]:
+        keys = self.points[0].keys() if self.points else ()
+        return {key: [point[key] for point in self.points] for key in keys}
+
+
+def chart_point(ctl: RunControl, window: Window, server: ServerMetrics) -> dict[str, float | None]:
+    """The charts' values now: elapsed seconds, the window's latency percentiles (ms), the server's figures."""
+    assert ctl.start_s is not None
+    point: dict[str, float | None] = {"t": round(time.time() - ctl.start_s, 2)}
+    for name in CHARTED_LATENCIES:
+        for p in PERCENTILES:
+            value = getattr(window.latency[name], p)
+            point[f"{name}_{p}"] = None if value is None else round(value * 1000, 3)
+    latest = server.latest if server.reachable else None
+    point["running"] = None if latest is None else latest.running
+    point["waiting"] = None if latest is None else latest.waiting
+    point["kv"] = None if latest is None or latest.kv is None else round(latest.kv * 100, 2)
+    point["preemptions"] = server.preempted() if server.reachable else None
+    return point
+
+
+@dataclass
+class LlmTab:
+    """The tab's state on the controller: the window's figures, the server's readings, the charts' history."""
+
+    get_control: Callable[[], RunControl | None]
+    runner_state: Callable[[], str]
+    grafana_url: str = ""
+    window: Window = field(default_factory=Window)
+    history: History = field(default_factory=History)
+    servers: dict[str, ServerMetrics] = field(default_factory=dict)
+    closed: bool = False  # the charts' last point is in
+
+    def server(self, ctl: RunControl) -> ServerMetrics:
+        return self.servers.setdefault(ctl.host, ServerMetrics(ctl.host))
+
+    def over(self, ctl: RunControl) -> bool:
+        """The run stopped: its end, a stop asked for, or Locust's Stop button (a runner state)."""
+        return ctl.stopping or self.runner_state() in RUN_OVER
+
+    def sample(self, ctl: RunControl) -> None:
+        """Bring the figures up to date and add a point to the charts (while the run is on)."""
+        ctl.refresh()
+        self.window.update(ctl)
+        if self.over(ctl):
+            return
+        server = self.server(ctl)
+        server.read(window_start(ctl), keep=lambda: not self.over(ctl))
+        if not self.over(ctl):
+            self.history.add(chart_point(ctl, self.window, server))
+
+    def close(self, ctl: RunControl) -> None:
+        """End the charts on the figures the cards freeze at (the last reading taken while the run was on), once."""
+        if not self.closed:
+            self.closed = True
+            self.window.update(ctl)
+            self.history.add(chart_point(ctl, self.window, self.server(ctl)), last=True)
+
+    def state(self) -> dict[str, Any]:
+        """What /llm/state answers: the run's state, the cards' rows, the charts' series."""
+        ctl = self.get_control()
+        if ctl is None or ctl.start_s is None:
+            return {"state": "not started", "frozen": False, "rows": rows(None, self.window), "series": {}}
+        frozen = self.over(ctl)
+        if frozen:
+            self.close(ctl)
+        else:
+            self.server(ctl).read(window_start(ctl), keep=lambda: not self.over(ctl))
+        table = rows(ctl, self.window, self.server(ctl), self.grafana_url)
+        return {"state": "stopped" if frozen else "running", "frozen": frozen, "rows": table,
+                "series": self.history.series()}
+
+
 def install(web_ui: WebUI, get_control: Callable[[], RunControl | None], grafana_url: str = "") -> None:
-    """Declare the LLM tab and add its rows to every /stats/requests answer."""
+    """Declare the LLM tab, add our script to Locust's page, serve the tab's state and start the sampler."""
     web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": TAB}]
-    web_ui.template_args["extended_tables"] = [{"key": TAB, "structure": COLUMNS}]
-    window = Window()
-    servers: dict[str, ServerMetrics] = {}
-
-    def server(ctl: RunControl) -> ServerMetrics:
-        return servers.setdefault(ctl.host, ServerMetrics(ctl.host))
-
-    gevent.spawn(read_at_window_start, get_control, server)
-
+    runner = web_ui.environment.runner
+    base_path = getattr(web_ui.environment.parsed_options, "web_base_path", None) or ""
+    tab = LlmTab(get_control, lambda: runner.state if runner is not None else "", grafana_url)
     assert web_ui.app is not None
+    blueprint = Blueprint("batchscope_llm", __name__, url_prefix=f"{base_path.rstrip('/')}/llm",
+                          static_folder=STATIC, static_url_path="/static")
+
+    @blueprint.route("/state")
+    @web_ui.auth_required_if_enabled
+    def llm_state() -> Response:
+        return jsonify(tab.state())
+
+    web_ui.app.register_blueprint(blueprint)
 
     @web_ui.app.after_request
-    def add_llm_stats(response: Response) -> Response:
-        if request.endpoint != "locust.request_stats" or response.status_code != 200:
-            return response
-        ctl = get_control()
-        # Locust memoizes this response object for 2 s, so the key is set (not appended to) on each pass
-        data = response.get_json()
-        data["extended_stats"] = [{"key": TAB, "data": rows(ctl, window, server(ctl) if ctl else None, grafana_url)}]
-        response.set_data(json.dumps(data))
+    def add_script(response: Response) -> Response:
+        if request.endpoint == "locust.index" and response.status_code == 200 and response.mimetype == "text/html":
+            response.set_data(response.get_data(as_text=True).replace("</body>", f"{SCRIPT}\n</body>", 1))
         return response
+
+    gevent.spawn(read_at_window_start, get_control, tab.server)
+    gevent.spawn(sample_while_running, tab)
 
 
 def read_at_window_start(get_control: Callable[[], RunControl | None],
@@ -192,23 +316,31 @@ def read_at_window_start(get_control: Callable[[], RunControl | None],
     server(ctl).read(window_start(ctl), force=True)
 
 
+def sample_while_running(tab: LlmTab) -> None:
+    """Sample the charts every SAMPLE_INTERVAL_S from the run's start to its stop, then once more."""
+    while (ctl := tab.get_control()) is None or ctl.start_s is None:
+        gevent.sleep(0.5)
+    while not tab.over(ctl):
+        tab.sample(ctl)
+        gevent.sleep(SAMPLE_INTERVAL_S)
+    tab.close(ctl)
+
+
 def rows(ctl: RunControl | None, window: Window, server: ServerMetrics | None = None,
          grafana_url: str = "") -> list[dict[str, str]]:
-    """The tab's table: latencies, throughput, requests, server (when given), Grafana links, spec."""
+    """The cards' rows (each names its card): latencies, throughput, requests, generator, server, serving
+    config (when a server is given), Grafana links, spec. A server is read by the caller, not here."""
     if ctl is None or ctl.start_s is None:
-        return [row("run", "not started")]
+        return [row("run", "run", "not started")]
     ctl.refresh()
     window.update(ctl)
-    server_part = []
-    if server is not None:
-        server.read(window_start(ctl))
-        server_part = server_rows(server, window_start(ctl))
+    server_part = [] if server is None else server_rows(server, window_start(ctl)) + config_rows(ctl, server)
     return (latency_rows(window) + throughput_rows(ctl, window) + request_rows(ctl) + generator_rows(ctl) + server_part
             + grafana_rows(grafana_url) + spec_rows(ctl.spec))
 
 
-def row(figure: str, value: object, **percentiles: str) -> dict[str, str]:
-    return {"figure": figure, "value": str(value), **percentiles}
+def row(card: str, figure: str, value: object, **percentiles: str) -> dict[str, str]:
+    return {"card": card, "figure": figure, "value": str(value), **percentiles}
 
 
 def latency_rows(window: Window) -> list[dict[str, str]]:
@@ -216,7 +348,7 @@ def latency_rows(window: Window) -> list[dict[str, str]]:
 
 
 def latency_row(figure: str, dist: Distribution) -> dict[str, str]:
-    return row(figure, milliseconds(dist.mean), **{p: milliseconds(getattr(dist, p)) for p in PERCENTILES})
+    return row("latency", figure, milliseconds(dist.mean), **{p: milliseconds(getattr(dist, p)) for p in PERCENTILES})
 
 
 def milliseconds(seconds: float | None) -> str:
@@ -227,41 +359,46 @@ def throughput_rows(ctl: RunControl, window: Window) -> list[dict[str, str]]:
     span = ctl.window()
     measured = min(time.time(), span.end_s) - span.start_s
     if measured <= 0:
-        return [row("measured (s)", "warming up")]
+        return [row("throughput", "measured (s)", "warming up")]
     return [
-        row("measured (s)", f"{measured:.1f}"),
-        row("completed (ok, in window)", window.completed),
-        row("completion throughput (req/s)", f"{window.completed / measured:.3f}"),
-        row("output tokens/s (completed requests)", f"{window.output_tokens / measured:.1f}"),
+        row("throughput", "measured (s)", f"{measured:.1f}"),
+        row("throughput", "completed (ok, in window)", window.completed),
+        row("throughput", "completion throughput (req/s)", f"{window.completed / measured:.3f}"),
+        row("throughput", "output tokens/s (completed requests)", f"{window.output_tokens / measured:.1f}"),
     ]
 
 
 def request_rows(ctl: RunControl) -> list[dict[str, str]]:
     """Counts since the start, warm-up included (as the summary's outcomes)."""
-    outcomes = [row(f"outcome {outcome}", ctl.stats.outcomes[outcome]) for outcome in OUTCOMES]
-    return [row("started", ctl.stats.started), *outcomes, row("in flight", ctl.in_flight)]
+    outcomes = [row("requests", f"outcome {outcome}", ctl.stats.outcomes[outcome]) for outcome in OUTCOMES]
+    return [row("requests", "started", ctl.stats.started), *outcomes, row("requests", "in flight", ctl.in_flight)]
 
 
 def generator_rows(ctl: RunControl) -> list[dict[str, str]]:
     """The live saturation verdict (loadgen/saturation.py): the advice when the generator is the bottleneck."""
-    return [row("load generator", generator_line(ctl.saturation.live()))]
+    return [row("generator", "load generator", generator_line(ctl.saturation.live()))]
 
 
 def server_rows(server: ServerMetrics, window_start_s: float) -> list[dict[str, str]]:
     figures = ["server running (requests)", "server waiting (requests)", "server KV cache usage (%)",
                preemptions_figure(server.baseline, window_start_s)]
     if server.reachable is None:
-        return [row(figure, "-") for figure in figures]
+        return [row("server", figure, "-") for figure in figures]
     if not server.reachable:
-        return [row(figure, "unreachable") for figure in figures]
-    latest, baseline = server.latest, server.baseline
+        return [row("server", figure, "unreachable") for figure in figures]
+    latest = server.latest
     assert latest is not None  # reachable: read at least once
-    preempted = None
-    if baseline is not None and latest.preemptions is not None and baseline.preemptions is not None:
-        preempted = latest.preemptions - baseline.preemptions
     values = [count(latest.running), count(latest.waiting),
-              "-" if latest.kv is None else f"{latest.kv * 100:.1f}", count(preempted)]
-    return [row(figure, value) for figure, value in zip(figures, values, strict=True)]
+              "-" if latest.kv is None else f"{latest.kv * 100:.1f}", count(server.preempted())]
+    return [row("server", figure, value) for figure, value in zip(figures, values, strict=True)]
+
+
+def config_rows(ctl: RunControl, server: ServerMetrics) -> list[dict[str, str]]:
+    """The serving configuration in effect: the model asked for and what the server's cache_config_info says."""
+    model = ctl.target.body.get("model", "") if ctl.target is not None else ctl.spec.model
+    labels = server.latest.config if server.latest is not None else {}
+    told = labels or {"cache_config_info": "not exposed" if server.reachable else "-"}
+    return [row("config", "model", model), *(row("config", key, value) for key, value in told.items())]
 
 
 def preemptions_figure(baseline: ServerReading | None, window_start_s: float) -> str:
@@ -279,18 +416,13 @@ def grafana_rows(grafana_url: str) -> list[dict[str, str]]:
     if not grafana_url:
         return []
     base = grafana_url.rstrip("/")
-    return [row(f"Grafana {title}", f"{base}/d/{uid}") for title, uid in DASHBOARDS.items()]
+    return [row("links", f"Grafana {title}", f"{base}/d/{uid}") for title, uid in DASHBOARDS.items()]
 
 
 def spec_rows(spec: WorkloadSpec) -> list[dict[str, str]]:
     load = spec.load
     level, unit = LOAD_LEVEL[load.mode]
-    return [
-        row("spec scenario", spec.scenario),
-        row("spec mode", load.mode),
-        row("spec endpoint", spec.endpoint),
-        row("spec input tokens", spec.input_tokens),
-        row("spec output tokens", spec.output_tokens),
-        row(f"spec {level} ({unit})", getattr(load, level)),
-        row("spec stream", str(spec.stream).lower()),
-    ]
+    return [row("spec", figure, value) for figure, value in (
+        ("scenario", spec.scenario), ("mode", load.mode), ("endpoint", spec.endpoint),
+        ("input tokens", spec.input_tokens), ("output tokens", spec.output_tokens),
+        (f"{level} ({unit})", getattr(load, level)), ("stream", str(spec.stream).lower()))]

@@ -1,6 +1,7 @@
-"""The LLM tab of Locust's web UI: its figures against the end-of-run summary, the server rows from vLLM's
-/metrics, and end to end (simulator, Locust with its UI and its /stats/requests JSON, headless Chromium clicking
-the tab).
+"""The LLM tab of Locust's web UI: its figures against the end-of-run summary, the server rows and serving
+configuration from vLLM's /metrics, the charts' history, and end to end (simulator, Locust with its UI and the
+tab's /llm/state JSON, headless Chromium drawing the tab's cards and charts while the run goes and after it
+stopped).
 
 Chromium is driven over the DevTools protocol with aiohttp's websocket client (a declared dependency).
 """
@@ -8,6 +9,7 @@ Chromium is driven over the DevTools protocol with aiohttp's websocket client (a
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import shutil
@@ -26,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadgen.control import RunControl
 from loadgen.request import RequestRecord
 from loadgen.spec import load_spec
-from loadgen.webui import MIN_READ_INTERVAL_S, ServerMetrics, Window, rows
+from loadgen.webui import MAX_POINTS, MIN_READ_INTERVAL_S, History, LlmTab, ServerMetrics, Window, rows
 from tests.conftest import free_port, wait_until
 from tests.stubs import HttpStub, Reply
 
@@ -44,13 +46,37 @@ CLICK_LLM_TAB = """(() => {
   if (tab) tab.click();
   return Boolean(tab) && tab.getAttribute('aria-selected') === 'true';
 })()"""
-TABLE_HEAD = "[...document.querySelectorAll('thead th')].map(th => th.textContent.trim())"
-TABLE_ROWS = "[...document.querySelectorAll('tbody tr')].map(tr => [...tr.cells].map(td => td.textContent.trim()))"
+# the tab as drawn: its state line, its cards, each figure's cells, each chart's points per line and last values,
+# and how many columns the grid has
+READ_TAB = """(() => {
+  const root = document.getElementById('batchscope-llm');
+  if (!root || root.style.display === 'none' || !root.querySelector('.bs-status')) return null;
+  const figures = {}, charts = {}, last = {};
+  for (const tr of root.querySelectorAll('tr[data-figure]'))
+    figures[tr.getAttribute('data-figure')] = [...tr.querySelectorAll('td[data-value]')].map(td => td.textContent);
+  for (const chart of root.querySelectorAll('[data-chart]')) {
+    const lines = {};
+    for (const line of chart.querySelectorAll('polyline'))
+      lines[line.getAttribute('data-series')] = line.points.numberOfItems;
+    charts[chart.getAttribute('data-chart')] = lines;
+  }
+  for (const item of root.querySelectorAll('.bs-legend [data-series]'))
+    last[item.getAttribute('data-series')] = item.getAttribute('data-last');
+  return {state: root.querySelector('.bs-status').getAttribute('data-state'),
+          cards: [...root.querySelectorAll('[data-card]')].map(card => card.getAttribute('data-card')),
+          figures, charts, last,
+          columns: getComputedStyle(root.querySelector('.bs-grid')).gridTemplateColumns.split(' ').length};
+})()"""
+HEADER_RPS = """(() => {
+  const label = [...document.querySelectorAll('header p')].find(p => p.textContent.trim() === 'RPS');
+  return label ? label.nextElementSibling.textContent.trim() : null;
+})()"""
 COLUMNS = ("value", "p50", "p90", "p99")  # after "figure"; a latency row's "value" is its mean
 LATENCY_ROWS = ("TTFT (ms)", "TPOT (ms)", "ITL (ms)", "E2E (ms)")
 SERVER_ROWS = ("server running (requests)", "server waiting (requests)", "server KV cache usage (%)",
                "server preemptions (in window)")
 GRAFANA = "http://grafana.test:3000/"
+POLL_S = 2.0  # the tab's poll of /llm/state (static/llm_tab.js)
 
 
 def record(i: int, start: float, outcome: str = "ok") -> RequestRecord:
@@ -67,7 +93,7 @@ def test_figures_match_the_summary_as_records_arrive(tmp_path):
     ctl = RunControl(spec=spec, run_id="t", host="h", out_dir=None, request_stop=lambda: None,
                      sender_count=lambda: 1, start_s=1000.0)
     window = Window()
-    assert rows(None, window) == [{"figure": "run", "value": "not started"}]
+    assert rows(None, window) == [{"card": "run", "figure": "run", "value": "not started"}]
     for batch in (range(0, 30), range(30, 31), range(31, 80)):  # warm-up records first, then the window
         for i in batch:
             ctl.accept(record(i, ctl.start_s, outcome="timeout" if i % 9 == 0 else "ok"))
@@ -97,6 +123,12 @@ def exposition(preemptions: float, kv: tuple[float, float] = (0.25, 0.5)) -> str
     return "\n".join(lines) + "\n"
 
 
+def tab_rows(ctl: RunControl, server: ServerMetrics) -> list[dict[str, str]]:
+    """The rows the tab's /llm/state answers while the run goes on (a server read first, when due)."""
+    tab = LlmTab(lambda: ctl, lambda: "running", servers={ctl.host: server})
+    return tab.state()["rows"]
+
+
 def test_server_rows_sum_engines_and_count_preemptions_from_the_window_start(tmp_path):
     (tmp_path / "spec.yaml").write_text(SPEC)
     spec = load_spec(tmp_path / "spec.yaml", ["warmup_s=10"])
@@ -109,7 +141,7 @@ def test_server_rows_sum_engines_and_count_preemptions_from_the_window_start(tmp
                            clock=lambda: now[0])
 
     def figures() -> dict[str, str]:
-        return {r["figure"]: r["value"] for r in rows(ctl, Window(), server) if r["figure"].startswith("server")}
+        return {r["figure"]: r["value"] for r in tab_rows(ctl, server) if r["figure"].startswith("server")}
 
     assert figures()["server preemptions (in window)"] == "-"  # warm-up: no baseline yet
     now[0] = 1010.0
@@ -126,16 +158,46 @@ def test_server_rows_say_unreachable_and_when_a_late_baseline_counts_from(tmp_pa
     ctl = RunControl(spec=load_spec(tmp_path / "spec.yaml", []), run_id="t", host="h", out_dir=None,
                      request_stop=lambda: None, sender_count=lambda: 1, start_s=time.time() - 60)
     closed = f"http://127.0.0.1:{free_port()}"
-    figures = {r["figure"]: r["value"] for r in rows(ctl, Window(), ServerMetrics(closed))}
+    figures = {r["figure"]: r["value"] for r in tab_rows(ctl, ServerMetrics(closed))}
     assert [figures[figure] for figure in SERVER_ROWS] == ["unreachable"] * 4
     late = ServerMetrics("http://vllm", fetch=lambda url: exposition(6))
-    figures = {r["figure"]: r["value"] for r in rows(ctl, Window(), late)}
+    figures = {r["figure"]: r["value"] for r in tab_rows(ctl, late)}
     since = time.strftime("%H:%M:%S", time.localtime(late.baseline.at_s))
     assert figures[f"server preemptions (since {since})"] == "0"
     assert not any(figure.startswith("Grafana") for figure in figures)
     links = {r["figure"]: r["value"] for r in rows(ctl, Window(), grafana_url=GRAFANA)}
     assert links["Grafana overview"] == "http://grafana.test:3000/d/batchscope-overview"
     assert links["Grafana comparison"] == "http://grafana.test:3000/d/batchscope-comparison"
+
+
+def test_serving_config_comes_from_cache_config_info_and_a_reading_after_the_stop_is_dropped(tmp_path):
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    ctl = RunControl(spec=load_spec(tmp_path / "spec.yaml", ["model=m"]), run_id="t", host="h", out_dir=None,
+                     request_stop=lambda: None, sender_count=lambda: 1, start_s=time.time() - 60)
+    info = 'vllm:cache_config_info{block_size="128",engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="42"} 1.0'
+    server = ServerMetrics("http://vllm", fetch=lambda url: exposition(6) + info + "\n")
+    config = {r["figure"]: r["value"] for r in tab_rows(ctl, server) if r["card"] == "config"}
+    assert config == {"model": "m", "block_size": "128", "gpu_memory_utilization": "0.9", "num_gpu_blocks": "42"}
+    bare = ServerMetrics("http://vllm", fetch=lambda url: exposition(6))
+    assert {r["figure"]: r["value"] for r in tab_rows(ctl, bare) if r["card"] == "config"} == {
+        "model": "m", "cache_config_info": "not exposed"}
+    # the run stopped while the read was on its way: the idle server's answer does not replace the last one
+    answers = iter([exposition(6), exposition(6, kv=(0.0, 0.0))])
+    frozen = ServerMetrics("http://vllm", fetch=lambda url: next(answers))
+    frozen.read(0.0)
+    frozen.read(0.0, force=True, keep=lambda: False)
+    assert frozen.latest is not None and frozen.latest.kv == 0.375
+
+
+def test_history_keeps_its_whole_span_in_bounded_points():
+    history = History()
+    for i in range(5 * MAX_POINTS):
+        history.add({"t": float(i)})
+    history.add({"t": -1.0}, last=True)
+    times = history.series()["t"]
+    assert len(times) <= MAX_POINTS + 1
+    assert times[0] == 0.0 and times[-2] >= 4 * MAX_POINTS and times[-1] == -1.0
+    assert times[:-1] == sorted(times[:-1])
 
 
 def ui_answers(url: str) -> bool:
@@ -167,13 +229,18 @@ class DevTools:
         self.ws = ws
         self.last_id = 0
 
-    async def evaluate(self, expression: str):
+    async def call(self, method: str, **params):
         self.last_id += 1
-        await self.ws.send_json({"id": self.last_id, "method": "Runtime.evaluate",
-                                 "params": {"expression": expression, "returnByValue": True}})
-        reply = json.loads((await self.ws.receive(timeout=10)).data)
+        await self.ws.send_json({"id": self.last_id, "method": method, "params": params})
+        reply = json.loads((await self.ws.receive(timeout=20)).data)
         assert reply["id"] == self.last_id and "error" not in reply, reply
-        return reply["result"]["result"].get("value")
+        return reply["result"]
+
+    async def evaluate(self, expression: str):
+        return (await self.call("Runtime.evaluate", expression=expression, returnByValue=True))["result"].get("value")
+
+    async def screenshot(self, path: Path) -> None:
+        path.write_bytes(base64.b64decode((await self.call("Page.captureScreenshot", format="png"))["data"]))
 
     async def poll(self, expression: str, accept, timeout_s: float, what: str):
         """Evaluate until ``accept(value)`` holds (bounded); return the last value."""
@@ -186,23 +253,31 @@ class DevTools:
         raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last value: {value!r}")
 
 
-def ttft_p50(table: list[list[str]]) -> float:
-    """The p50 cell of the TTFT row (0 while it shows "-")."""
-    cells = next((cells for cells in table if cells and cells[0] == "TTFT (ms)"), None)
-    return 0.0 if cells is None or len(cells) < 3 or cells[2] == "-" else float(cells[2])
+def charted(tab: dict | None) -> bool:
+    """The tab is drawn, running, its config shown and each chart's every line has at least 3 points."""
+    return (tab is not None and tab["state"] == "running" and "block_size" in tab["figures"]
+            and len(tab["charts"]) == 5 and all(n >= 3 for lines in tab["charts"].values() for n in lines.values()))
 
 
-async def read_llm_tab(devtools_port: int) -> tuple[list[str], list[list[str]]]:
-    """Click the LLM tab of the page Chromium opened and wait until it shows a TTFT; return its head and rows."""
+async def watch_llm_tab(devtools_port: int, shots: Path) -> tuple[dict, str, dict, dict]:
+    """Select the LLM tab, wait for its charts, screenshot it; wait for the run's stop, screenshot it again, and
+    read it once more two polls later. Returns the running tab, the header's RPS, the stopped tab and the later
+    one."""
     async with aiohttp.ClientSession() as http:
         async with http.get(f"http://127.0.0.1:{devtools_port}/json/list") as answer:
             page = next(t for t in await answer.json() if t["type"] == "page")
         async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
             tools = DevTools(ws)
             await tools.poll(CLICK_LLM_TAB, bool, timeout_s=15, what="the LLM tab, selected")
-            table = await tools.poll(TABLE_ROWS, lambda table: ttft_p50(table) > 0, timeout_s=20,
-                                     what="a TTFT p50 > 0 in the LLM tab")
-            return await tools.evaluate(TABLE_HEAD), table
+            running = await tools.poll(READ_TAB, charted, timeout_s=30, what="the LLM tab's charts, 3 points each")
+            header_rps = await tools.evaluate(HEADER_RPS)
+            await tools.screenshot(shots / "llm-running.png")
+            stopped = await tools.poll(READ_TAB, lambda tab: tab is not None and tab["state"] == "stopped",
+                                       timeout_s=60, what="the LLM tab after the run stopped")
+            await tools.screenshot(shots / "llm-stopped.png")
+            later = time.monotonic() + 2.5 * POLL_S  # two more of the tab's polls
+            await tools.poll("1", lambda _: time.monotonic() > later, timeout_s=10, what="two polls")
+            return running, header_rps, stopped, await tools.evaluate(READ_TAB)
 
 
 def devtools_port(profile: Path) -> int:
@@ -223,7 +298,7 @@ def locust_ui(tmp_path: Path, host: str, spec_text: str, *flags: str):
     with open(locust_log, "w") as log:
         locust = subprocess.Popen(
             [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--host", host, "--spec", str(spec),
-             "--web-host", "127.0.0.1", "--web-port", str(web_port), "--metrics-port", str(free_port()),
+             "--web-port", str(web_port), "--metrics-port", str(free_port()),
              "--autostart", *flags],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -235,10 +310,8 @@ def locust_ui(tmp_path: Path, host: str, spec_text: str, *flags: str):
 
 
 def llm_rows(ui: str) -> dict[str, dict[str, str]]:
-    """The LLM tab's rows from the JSON the UI polls, by figure."""
-    stats = requests.get(ui + "stats/requests", timeout=5).json()
-    data = next(tab["data"] for tab in stats["extended_stats"] if tab["key"] == "llm")
-    return {r["figure"]: r for r in data}
+    """The LLM tab's rows from the JSON its script polls, by figure."""
+    return {r["figure"]: r for r in requests.get(ui + "llm/state", timeout=5).json()["rows"]}
 
 
 def numeric(value: str) -> bool:
@@ -253,33 +326,61 @@ def latency_grid_filled(table: dict[str, dict[str, str]]) -> bool:
     return all(numeric(table.get(figure, {}).get(column, "-")) for figure in LATENCY_ROWS for column in COLUMNS)
 
 
+def server_queue(url: str) -> float:
+    """Requests running plus waiting, as the server's /metrics says now."""
+    families = text_string_to_metric_families(requests.get(url + "/metrics", timeout=5).text)
+    return sum(s.value for f in families for s in f.samples
+               if s.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_llm_tab_shows_live_ttft(simulator, tmp_path):
+@pytest.mark.timeout(150)
+def test_llm_tab_draws_cards_and_charts_and_freezes_them_at_the_stop(simulator, tmp_path):
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.skip("Chromium is not installed (scripts/ensure-debian-packages chromium)")
     sim = simulator("--profile", "tiny")
-    browser = None
-    with locust_ui(tmp_path, sim.url, SPEC, "--grafana-url", GRAFANA) as ui:
+    spec = SPEC.replace("duration_s: 60", "duration_s: 14") + "warmup_s: 1\n"  # the run ends by itself
+    with locust_ui(tmp_path, sim.url, spec, "--grafana-url", GRAFANA) as ui:
         profile = tmp_path / "chromium-profile"
-        browser = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", ui],
+        browser = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1400,1000",
+                                    ui + "?tab=llm"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            head, table = asyncio.run(read_llm_tab(devtools_port(profile)))
+            running, header_rps, stopped, later = asyncio.run(watch_llm_tab(devtools_port(profile), tmp_path))
         finally:
             stop(browser, group=True)
-    assert head == ["Figure", "Mean / value", "p50", "p90", "p99"]
-    grid = {cells[0]: cells[1:] for cells in table}
-    figures = {figure: cells[0] for figure, cells in grid.items()}
-    assert ttft_p50(table) > 0
-    assert all(len(grid[figure]) == 4 and all(numeric(cell) for cell in grid[figure]) for figure in LATENCY_ROWS)
-    assert float(figures["completion throughput (req/s)"]) > 0
-    assert figures["spec mode"] == "concurrency" and figures["spec concurrency (users)"] == "4"
-    assert numeric(figures["server running (requests)"])
-    # the extended table renders cells as text: the link is its URL, readable and copyable
-    assert figures["Grafana overview"] == "http://grafana.test:3000/d/batchscope-overview"
+        idle = wait_until(lambda: server_queue(sim.url) == 0 or None, timeout_s=10, message="the server idle")
+    # a grid of cards for a screen, not a list: several columns at 1400 px
+    assert running["columns"] >= 2
+    assert {"latency", "server", "config", "throughput", "requests", "spec", "links", "chart-ttft", "chart-itl",
+            "chart-queue", "chart-kv", "chart-preemptions"} <= set(running["cards"])
+    assert set(running["charts"]["ttft"]) == {"ttft_p50", "ttft_p90", "ttft_p99"}
+    assert set(running["charts"]["queue"]) == {"running", "waiting"}
+    # the serving configuration the simulator exposes in vllm:cache_config_info, and the model asked for
+    assert running["figures"]["block_size"] == ["16"] and running["figures"]["model"] == ["sim-model"]
+    assert numeric(running["figures"]["num_gpu_blocks"][0])
+    assert all(numeric(cell) for figure in LATENCY_ROWS for cell in running["figures"][figure])
+    assert running["figures"]["mode"] == ["concurrency"] and running["figures"]["concurrency (users)"] == ["4"]
+    assert running["figures"]["Grafana overview"] == ["http://grafana.test:3000/d/batchscope-overview"]
+    assert numeric(header_rps)
+    # after the stop: the last reading taken while the run went on, the charts ending on it, not the idle
+    # server's zeros (which /metrics says now)
+    figures = stopped["figures"]
+    frozen = {key: figures[f"server {key} (requests)"][0] for key in ("running", "waiting")}
+    assert frozen == {key: stopped["last"][key] for key in ("running", "waiting")}
+    assert int(frozen["running"]) + int(frozen["waiting"]) > 0 and idle
+    assert float(figures["server KV cache usage (%)"][0]) == pytest.approx(float(stopped["last"]["kv"]), abs=0.05)
+    assert all(numeric(cell) for figure in LATENCY_ROWS for cell in figures[figure])
+    assert all(stopped["charts"][chart][line] >= count for chart, lines in running["charts"].items()
+               for line, count in lines.items())
+    server_figures = [*SERVER_ROWS, "block_size"]
+    assert later["state"] == "stopped"
+    assert [later["figures"][f] for f in server_figures] == [stopped["figures"][f] for f in server_figures]
+    assert later["last"] == stopped["last"]
+    for shot in ("llm-running.png", "llm-stopped.png"):
+        assert (tmp_path / shot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.e2e
@@ -318,7 +419,7 @@ def test_llm_tab_says_unreachable_when_the_host_has_no_metrics(tmp_path):
             table = wait_until(lambda: (t := llm_rows(ui)) and "server running (requests)" in t
                                and t["server running (requests)"]["value"] != "-" and t,
                                timeout_s=20, interval_s=0.5, message="the server rows in the LLM tab")
-            answer = requests.get(ui + "stats/requests", timeout=5).text
+            answer = requests.get(ui + "llm/state", timeout=5).text
     finally:
         host.stop()
     assert [table[figure]["value"] for figure in SERVER_ROWS] == ["unreachable"] * 4
