@@ -33,7 +33,7 @@ def recommendation_lines(c: Comparison) -> list[str]:
         return _none_met(c, r, one_repeat)
     pick = c.setting(r.setting)
     words = OBJECTIVES[r.objective][1]
-    lead = LEAD_WORDS[r.evidence] if r.runner_up else "the only setting that met them"
+    lead = _lead(r)
     caveat = f" Note: {'; '.join(r.caveats)}." if r.caveats else ""
     lines = [f"**Recommended: {r.setting}** — {words} among the settings that met the SLOs "
              f"({_figure(pick, r.metric)}); {lead}.{caveat}{one_repeat}",
@@ -44,6 +44,16 @@ def recommendation_lines(c: Comparison) -> list[str]:
         lines.append(f"Runner-up: **{r.runner_up}** ({figures}); {_trades(pick, runner)}")
     lines.append(f"Latency of {r.setting} (mean / p50 / p99): {_latencies(pick)}")
     return lines
+
+
+def _lead(r: Recommendation) -> str:
+    """How strong the pick's lead is; between two variations only their deltas to the baseline have intervals."""
+    if r.runner_up is None:
+        return "the only setting that met them"
+    if BASELINE not in (r.setting, r.runner_up):
+        return f"its own delta to the baseline is {r.evidence} (the two variations were each compared with the " \
+               "baseline only)"
+    return LEAD_WORDS[r.evidence]
 
 
 def _none_met(c: Comparison, r: Recommendation, one_repeat: str) -> list[str]:

@@ -112,3 +112,12 @@ def test_a_smaller_token_budget_leads_with_the_median_ttft_that_moved_most():
     assert "(TTFT p99 +1" in text.split(":")[0]
     assert "requests waited in the scheduler queue (max waiting 1 → 6, queue time mean 0.29 s → 0.70 s) — " \
            "max_num_batched_tokens 1,024 admits fewer prompt tokens per step" in text
+
+
+def test_a_lead_between_two_variations_is_not_claimed_from_their_intervals():
+    c = run_compare(make_run(completed=800), make_run("a", completed=1200, params={"max_num_seqs": 64}),
+                    make_run("b", completed=1000, params={"max_num_seqs": 96}))
+    r = c.verdicts.recommendation
+    assert r is not None and (r.setting, r.runner_up) == ("a", "b")
+    assert "its own delta to the baseline is indicative (the two variations were each compared with the baseline " \
+           "only)" in recommendation_lines(c)[0]
