@@ -30,6 +30,7 @@ from typing import ClassVar
 
 import requests
 import yaml
+from pydantic import ValidationError
 
 from batchscope.listen import free_port
 from batchscope.live_run import LiveRun
@@ -112,7 +113,11 @@ def _refuse_another_plan(written: Path, plan: dict) -> None:
         before = json.loads(written.read_text())
     except (OSError, ValueError):
         raise PlanError(f"results: {written} is not a plan written by batchscope tune; remove the folder") from None
-    difference = first_difference(before, plan) if isinstance(before, dict) else ("plan", before, plan)
+    if not isinstance(before, dict):
+        before = {}
+    with contextlib.suppress(ValidationError):  # a field added since, at its default, is not a change
+        before = json.loads(Plan.model_validate(before).model_dump_json())
+    difference = first_difference(before, plan)
     if difference is not None:
         field, old, new = difference
         raise PlanError(f"results: --resume needs the same plan, but {field} is {old!r} in {written} and {new!r} "

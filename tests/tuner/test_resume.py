@@ -3,6 +3,7 @@ repeat run exactly once and no server left behind."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 
@@ -92,3 +93,14 @@ def test_a_refused_resume_names_the_field_that_changed(tmp_path, capsys, change,
     assert main(["tune", str(changed), "--results", str(results), "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--resume needs the same plan, but " + named in err, err
+
+
+def test_a_resume_accepts_a_plan_json_written_before_a_field_existed_at_its_default(tmp_path):
+    plan = load_plan(write_plan(tmp_path, tiny_plan()))
+    plan_dir = tmp_path / "results" / "tiny"
+    prepare_plan_dir(plan, plan_dir, resume=False)
+    older = json.loads((plan_dir / "plan.json").read_text())
+    del older["objective"]  # what an earlier release wrote
+    (plan_dir / "plan.json").write_text(json.dumps(older))
+    prepare_plan_dir(plan, plan_dir, resume=True)
+    assert json.loads((plan_dir / "plan.json").read_text())["objective"] == "goodput"
