@@ -37,9 +37,13 @@ SCHEDULER_SIGNALS = (("tokens_per_step_mean", "tokens per step (mean)", "tokens"
 # panel's bars are clipped; the axis spans at least MIN_SPAN_PCT.
 OUTLIER_RATIO, HEADROOM, MIN_SPAN_PCT, MIN_GAIN = 5.0, 1.25, 2.0, 0.5
 # Where a point's label may go, in points from the point, tried nearest first
-MARKER_PX, LEADER_PX = 5.0, 60.0  # a point's half-size on screen; a label whose centre is farther gets a line
+# A point's half-size on screen, px; a label farther from its point gets a line; the cost of a label as near
+# another point as its own (an overlap of this many px² weighs the same)
+MARKER_PX, LEADER_PX, AMBIGUOUS_PX2 = 6.0, 14.0, 100.0
+# Behind a label: lines (the front, an SLO bound) pass under it, not through its letters
+LABEL_BOX = {"boxstyle": "round,pad=0.1", "facecolor": "white", "alpha": 0.8, "edgecolor": "none"}
 LABEL_OFFSETS = tuple((round(r * dx), round(r * dy)) for r in (7, 16, 28, 42)
-                      for dx, dy in ((1, 0.6), (1, -0.9), (-1, 0.6), (-1, -0.9), (0, 1.2), (0, -1.5)))
+                      for dx, dy in ((1, 0), (-1, 0), (1, 0.6), (1, -0.9), (-1, 0.6), (-1, -0.9), (0, 1.2), (0, -1.5)))
 
 SIGNIFICANT, NOT_SIGNIFICANT, BASE_COLOUR, FRONT = "#1f77b4", "#b0b0b0", "#555555", "#d62728"
 
@@ -229,45 +233,71 @@ def throughput_preemptions_figure(c: Comparison) -> Figure:
 
 
 def label_points(ax: Axes, points: dict[str, tuple[float, float]]) -> None:
-    """Name each point where its label overlaps no other label or point and stays inside the axes (the nearest
-    such spot in LABEL_OFFSETS, else the least overlapping); settings on the same spot share one label. Call
-    last: it fixes the axes' limits the placement was measured against."""
-    spots: dict[tuple[float, float], list[str]] = {}
-    for name, (x, y) in points.items():
-        spots.setdefault((round(x, 6), round(y, 6)), []).append(name)
+    """Name each point at the nearest spot in LABEL_OFFSETS where its label overlaps no other label or point,
+    stays inside the axes and is nearer its own point than any other (else the spot that breaks these least);
+    settings whose markers overlap on screen share one label. Call last: it fixes the axes' limits the placement
+    was measured against."""
     ax.margins(0.15)  # room for labels beside the outermost points
     ax.set_xlim(ax.get_xlim())
     ax.set_ylim(ax.get_ylim())
     renderer = ax.figure.canvas.get_renderer()  # type: ignore[attr-defined]
     frame = ax.get_window_extent(renderer)
-    taken = [marker_box(ax, x, y) for x, y in spots]
-    for (x, y), names in spots.items():
+    spots: dict[tuple[float, float], list[str]] = {}  # markers that overlap on screen share one label
+    for name, point in points.items():
+        screen = ax.transData.transform(point)
+        near = next((s for s in spots if abs(ax.transData.transform(s) - screen).max() < 2 * MARKER_PX), point)
+        spots.setdefault(near, []).append(name)
+    centres = [tuple(ax.transData.transform(spot)) for spot in spots]
+    taken = [marker_box(centre) for centre in centres]
+    for (x, y), names, centre in zip(spots, spots.values(), centres, strict=True):
+        others = [c for c in centres if c != centre]
         placed: list[tuple[float, Annotation]] = []
         for dx, dy in LABEL_OFFSETS:
             label = ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=9,
                                 ha="left" if dx > 0 else "right" if dx < 0 else "center",
-                                va="bottom" if dy > 0 else "top")
-            box = label.get_window_extent(renderer)
-            outside = not (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1)
-            placed.append((sum(overlap(box, other) for other in taken) + (frame.width * frame.height) * outside,
-                           label))
+                                va="bottom" if dy > 0 else "top" if dy < 0 else "center", bbox=LABEL_BOX)
+            placed.append((label_cost(label.get_window_extent(renderer), centre, others, taken, frame), label))
             if placed[-1][0] == 0:
                 break
-        cost, chosen = min(placed, key=lambda entry: entry[0])
+        chosen = min(placed, key=lambda entry: entry[0])[1]
         for _, label in placed:
             if label is not chosen:
                 label.remove()
         box = chosen.get_window_extent(renderer)
         taken.append(box)
-        if abs(box.x0 + box.width / 2 - ax.transData.transform((x, y))[0]) > LEADER_PX:  # moved away: a leader
-            end = ax.transData.inverted().transform((box.x0 if box.x0 > frame.x0 + 1 else box.x1, box.y0))
-            ax.plot([x, end[0]], [y, end[1]], color=BASE_COLOUR, linewidth=0.6, zorder=1)
+        leader_to(ax, (x, y), box)
 
 
-def marker_box(ax: Axes, x: float, y: float) -> Bbox:
-    """The screen box a point's marker covers (about)."""
-    centre = ax.transData.transform((x, y))
-    return Bbox.from_extents(*(centre - MARKER_PX), *(centre + MARKER_PX))
+def label_cost(box: Bbox, centre: tuple[float, float], others: list[tuple[float, float]], taken: list[Bbox],
+               frame: Bbox) -> float:
+    """How badly a label box sits, px²: its overlap with what is taken, the whole frame's area if it leaves the
+    axes, AMBIGUOUS_PX2 if another point is as near to it as its own."""
+    outside = not (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1)
+    ambiguous = any(gap(box, other) <= gap(box, centre) for other in others)
+    return (sum(overlap(box, other) for other in taken) + frame.width * frame.height * outside
+            + AMBIGUOUS_PX2 * ambiguous)
+
+
+def gap(box: Bbox, point: tuple[float, float]) -> float:
+    """Screen distance from a point to a box (0 inside it)."""
+    dx = max(box.x0 - point[0], 0.0, point[0] - box.x1)
+    dy = max(box.y0 - point[1], 0.0, point[1] - box.y1)
+    return float((dx * dx + dy * dy) ** 0.5)
+
+
+def leader_to(ax: Axes, point: tuple[float, float], box: Bbox) -> None:
+    """A thin line from a point to its label's nearest edge, when the label sits farther than LEADER_PX away."""
+    px, py = ax.transData.transform(point)
+    near = (min(max(px, box.x0), box.x1), min(max(py, box.y0), box.y1))
+    if ((near[0] - px) ** 2 + (near[1] - py) ** 2) ** 0.5 > LEADER_PX:
+        end = ax.transData.inverted().transform(near)
+        ax.plot([point[0], end[0]], [point[1], end[1]], color=BASE_COLOUR, linewidth=0.6, zorder=1)
+
+
+def marker_box(centre: tuple[float, float]) -> Bbox:
+    """The screen box a point's marker covers (about), from its centre on screen."""
+    return Bbox.from_extents(centre[0] - MARKER_PX, centre[1] - MARKER_PX, centre[0] + MARKER_PX,
+                             centre[1] + MARKER_PX)
 
 
 def overlap(a: Bbox, b: Bbox) -> float:

@@ -22,7 +22,8 @@ import pytest
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
-from matplotlib.text import Text
+from matplotlib.text import Annotation
+from matplotlib.transforms import Bbox
 from PIL import Image, ImageStat
 
 from tests.tuner.test_compare import make_run
@@ -179,28 +180,55 @@ def crowded() -> Comparison:
     return compare(runs, Slos(ttft_p99_s=1.0, tpot_p99_s=0.1), resamples=300)
 
 
+@pytest.fixture(scope="module")
+def close() -> Comparison:
+    """Points as close as the example one-knob plan's what-if run puts them: four settings within a few label
+    widths of each other in both scatter plots, one far off."""
+    runs = [make_run(ttft=0.5, tpot=0.0366),
+            make_run("mnbt-1024", ttft=0.59, tpot=0.0305, completed=416, params={"max_num_batched_tokens": 1024}),
+            make_run("mnbt-8192", ttft=0.467, tpot=0.0388, completed=376, params={"max_num_batched_tokens": 8192}),
+            make_run("mns-32", ttft=0.735, tpot=0.0264, completed=363, params={"max_num_seqs": 32}),
+            make_run("gmu-0.25", ttft=2.1, tpot=0.0113, completed=212, params={"gpu_memory_utilization": 0.25},
+                     server={"preemptions": 10})]
+    return compare(runs, Slos(ttft_p99_s=1.0, tpot_p99_s=0.1), resamples=300)
+
+
 def panel(figure: Figure, title: str) -> Axes:
     return next(ax for ax in figure.axes if ax.get_title().startswith(title))
 
 
-def label_boxes(figure: Figure, names: set[str]):
-    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
-    texts = [t for t in figure.axes[0].texts if isinstance(t, Text) and set(t.get_text().split(", ")) <= names]
-    return [t.get_window_extent(renderer) for t in texts]
+def labels(figure: Figure, names: set[str]) -> list[Annotation]:
+    """The point labels of a scatter plot (a label may name several settings on one spot)."""
+    return [t for t in figure.axes[0].texts if isinstance(t, Annotation) and set(t.get_text().split(", ")) <= names]
+
+
+def distance(box: Bbox, point) -> float:
+    dx = max(box.x0 - point[0], 0, point[0] - box.x1)
+    dy = max(box.y0 - point[1], 0, point[1] - box.y1)
+    return float((dx * dx + dy * dy) ** 0.5)
 
 
 @pytest.mark.parametrize("draw", [pareto_figure, throughput_preemptions_figure], ids=["pareto", "throughput"])
-def test_point_labels_do_not_overlap(crowded, draw):
-    figure = draw(crowded)
+@pytest.mark.parametrize("case", ["close", "crowded"])
+def test_point_labels_do_not_overlap_and_sit_by_their_point(request, case, draw):
+    comparison = request.getfixturevalue(case)
+    figure = draw(comparison)
     figure.canvas.draw()
-    names = {s.setting for s in crowded.settings}
-    boxes = label_boxes(figure, names)
-    assert len(boxes) >= 4  # every setting named (coinciding ones may share a label)
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    names = [s.setting for s in comparison.settings]
+    found = labels(figure, set(names))
+    # every setting named once; crowded's outlier squeezes the rest onto one spot, where they share a label
+    assert sorted(n for label in found for n in label.get_text().split(", ")) == sorted(names)
+    assert case == "crowded" or len(found) == len(names)
+    boxes = [label.get_window_extent(renderer) for label in found]
     for a, b in itertools.combinations(boxes, 2):
         assert not a.overlaps(b), (a, b)
     axes_box = figure.axes[0].get_window_extent()
     assert all(axes_box.x0 <= b.x0 and b.x1 <= axes_box.x1 and axes_box.y0 <= b.y0 and b.y1 <= axes_box.y1
                for b in boxes)
+    points = [tuple(figure.axes[0].transData.transform(label.xy)) for label in found]
+    for label, box, own in zip(found, boxes, points, strict=True):  # nearer its own point than any other
+        assert all(distance(box, own) < distance(box, other) for other in points if other != own), label.get_text()
 
 
 def bars(ax: Axes) -> list[Rectangle]:
