@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.utils import floatToGoString
+
+from batchscope import vllm_buckets
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / "prometheus"
@@ -140,3 +143,40 @@ def test_every_recording_rule_has_a_checked_value(record, quantile):
                for sample in expr.get("exp_samples", [])]
     assert any(name == record and labels.get("quantile") == quantile for name, labels in checked), \
         f"no promql_expr_test checks {record}" + (f'{{quantile="{quantile}"}}' if quantile else "")
+
+
+def group_alerts(group_name: str) -> list[dict]:
+    return [rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
+            if group["name"] == group_name for rule in group["rules"]]
+
+
+@pytest.mark.parametrize("name", sorted({r["alert"] for r in group_alerts("batchscope-vllm-failure-modes")}))
+def test_failure_mode_alert_is_tested_before_for_after_it_and_resolved(name):
+    """In one case: silent before `for:` has elapsed, firing after, silent again once the state is over."""
+    def fired_then(case: dict) -> bool:
+        checks = sorted((check for check in case.get("alert_rule_test", []) if check["alertname"] == name),
+                        key=lambda check: duration_s(check["eval_time"]))
+        firing = [i for i, check in enumerate(checks) if check["exp_alerts"]]
+        return bool(firing) and firing[0] > 0 and any(not c["exp_alerts"] for c in checks[firing[-1] + 1:])
+    assert any(fired_then(case) for case in promtool_cases()), f"no case where {name} is pending, fires, resolves"
+
+
+def duration_s(text: str) -> float:
+    """A promtool duration such as 90s, 5m or 1h30m in seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    return sum(float(number) * units[unit] for number, unit in re.findall(r"(\d+(?:\.\d+)?)([smh])", text))
+
+
+def slo_target(record: str) -> tuple[float, str]:
+    [rule] = [rule for rule in rules("record") if rule["record"] == record]
+    return float(re.fullmatch(r"vector\((.+)\)", rule["expr"]).group(1)), rule["labels"]["le"]
+
+
+@pytest.mark.parametrize("record, buckets", [("batchscope:slo_ttft_seconds", "TTFT_BUCKETS"),
+                                             ("batchscope:slo_tpot_seconds", "ITL_BUCKETS")])
+def test_an_slo_target_is_a_bucket_bound_written_as_the_exposition_writes_it(record, buckets):
+    """The attainment rules select the target's bucket by its `le` text: a value that is no bound of vLLM's
+    histogram, or an `le` spelt otherwise than prometheus_client spells it ("2.5", "1.0"), selects nothing."""
+    value, le = slo_target(record)
+    assert value in getattr(vllm_buckets, buckets), f"{record}: {value} is not a bound of vLLM's histogram"
+    assert le == floatToGoString(value) == repr(value), f"{record}: le must be {floatToGoString(value)!r}"
