@@ -255,6 +255,12 @@ class Connection:
         self._buffer = b""
         return sock
 
+    def open(self) -> None:
+        """Connect now, before the request that will use it is timed; the connection is then reusable."""
+        if self._sock is None:
+            self._connect()
+        self.reusable = True
+
     def send(self, request: bytes) -> float:
         """Write a whole request; returns the time just before the bytes were handed to the kernel."""
         if self.aborted:
@@ -437,6 +443,17 @@ class ConnectionPool:
 
     def acquire(self) -> Connection:
         return self._idle.pop() if self._idle else Connection(self.endpoint, self.timeout_s, self.read_timeouts)
+
+    def prepare(self) -> None:
+        """Open one idle connection ahead of the first request; a failure is left for that request to meet (and
+        count as its outcome), so nothing is raised here."""
+        connection = Connection(self.endpoint, self.timeout_s, self.read_timeouts)
+        try:
+            connection.open()
+        except OSError:  # ConnectFailed, Timeout (both OSErrors) or a failed TLS handshake
+            connection.close()
+            return
+        self._idle.append(connection)
 
     def release(self, connection: Connection) -> None:
         if connection.reusable:

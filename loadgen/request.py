@@ -3,7 +3,9 @@
 Definitions are `vllm bench serve`'s (peers.md §2): TTFT = first token chunk - send; each later token chunk
 adds one ITL gap (now - previous chunk); E2E = last token chunk - send; TPOT = (E2E - TTFT) / (n - 1) with n =
 usage.completion_tokens. In open-loop modes "send" is the *scheduled* arrival, so a lagging generator shows up
-as latency (no coordinated omission); the dispatch lag (actual - scheduled send) is recorded separately.
+as latency (no coordinated omission); in the closed loop it is the write (``Target.timed_from_send``), the
+client's time between its user's readiness and the write being none of the server's. The dispatch lag (actual -
+scheduled send, the readiness in a closed loop) is recorded separately.
 
 A token chunk is, as `vllm bench serve` counts them, every stream event with a non-empty ``choices`` list,
 ``"text":""`` included (vLLM sends those for a token that ends inside a UTF-8 character), but for one: the chat
@@ -297,7 +299,7 @@ def _read_stream(connection: Connection, headers: dict[str, str], target: Target
         # each piece timed by when its bytes arrived, not when a greenlet got to them
         connection.read_body(headers, stream.feed, follow)
     finally:
-        _fill_timing(record, stream.first, stream.last, stream.gaps)
+        _fill_timing(record, target, stream.first, stream.last, stream.gaps)
         record.read_lag_s = connection.read_lag_s()
     if stream.error_code is not None:  # answered as if by HTTP: rejected() and the back-off see the code
         record.status = stream.error_code
@@ -315,15 +317,19 @@ def _read_body(body: bytes, target: Target, record: RequestRecord) -> RequestRec
     if not isinstance(data, dict):
         raise http.ProtocolError(f"body: a JSON {json_type(data)} where vLLM sends an object")
     now = time.time()
-    _fill_timing(record, now, now, [])
+    _fill_timing(record, target, now, now, [])
     return _check_usage(record, target, checked_usage(data.get("usage")))
 
 
-def _fill_timing(record: RequestRecord, first: float | None, last: float | None, gaps: list[float]) -> None:
+def _fill_timing(record: RequestRecord, target: Target, first: float | None, last: float | None,
+                 gaps: list[float]) -> None:
     record.first_token_s, record.last_token_s, record.itl_s = first, last, gaps
+    # a closed loop's "schedule" is only its user being ready: what the client spends before the write (a
+    # burst of users started together, a preempted process) is the client's, and stays in the dispatch lag
+    origin = record.sent_s if target.timed_from_send and record.sent_s is not None else record.scheduled_s
     if first is not None and last is not None:
-        record.ttft_s = first - record.scheduled_s
-        record.e2e_s = last - record.scheduled_s
+        record.ttft_s = first - origin
+        record.e2e_s = last - origin
 
 
 def _check_usage(record: RequestRecord, target: Target, usage: dict, events: int | None = None) -> RequestRecord:

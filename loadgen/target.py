@@ -50,7 +50,8 @@ class Target:
 
     ``body`` holds the first prompt; ``prefixes`` are the run's shared prefixes, and ``worker`` the sending
     process, whose requests' prompts ``next_body()`` varies. Completions' token ids, salts included, are in
-    [``id_low``, ``id_high``), the range the served vocabulary allows.
+    [``id_low``, ``id_high``), the range the served vocabulary allows. ``timed_from_send``: latencies count from
+    the request's write (closed loop, which has no schedule) instead of its scheduled arrival (open loop).
     """
 
     url: str
@@ -65,6 +66,7 @@ class Target:
     worker: int = 0
     id_low: int = ID_LOW
     id_high: int = ID_HIGH
+    timed_from_send: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -118,7 +120,7 @@ def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None
     low, high = ids or (ID_LOW, ID_HIGH)
     return Target(url=base + path, headers=headers, body=body, chat=spec.endpoint == "chat", stream=spec.stream,
                   prompt_tokens=spec.input_tokens, output_tokens=spec.output_tokens, timeout_s=spec.timeout_s,
-                  prefixes=prefixes, id_low=low, id_high=high)
+                  prefixes=prefixes, id_low=low, id_high=high, timed_from_send=isinstance(spec.load, ConcurrencyLoad))
 
 
 def server_url(host: str) -> str:

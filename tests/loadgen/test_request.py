@@ -34,6 +34,16 @@ def test_ok_stream_has_exact_lengths_and_vllm_bench_timings(simulator, endpoint)
     assert sum(record.itl_s) == pytest.approx(record.last_token_s - record.first_token_s)
 
 
+def test_a_closed_loop_request_is_timed_from_its_write_and_an_open_loop_one_from_its_schedule(simulator):
+    url = simulator("--profile", "tiny").url
+    closed = send(target_for(url, **{"load.mode": "concurrency", "load.concurrency": 1, "load.requests": "null"}))
+    opened = send(target_for(url))  # offline
+    assert closed.outcome == opened.outcome == "ok"
+    assert closed.ttft_s == pytest.approx(closed.first_token_s - closed.sent_s)
+    assert opened.ttft_s == pytest.approx(opened.first_token_s - opened.scheduled_s)
+    assert closed.e2e_s == pytest.approx(closed.last_token_s - closed.sent_s)
+
+
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_the_process_reader_measures_streams_as_their_own_greenlet_does(simulator, endpoint):
     sim = simulator("--profile", "tiny")

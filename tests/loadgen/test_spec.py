@@ -81,3 +81,17 @@ def test_a_spec_that_is_not_yaml_names_the_line_and_column(tmp_path):
     with pytest.raises(SpecError) as error:
         load_spec(path)
     assert str(error.value) == f"spec: {path} is not valid YAML (line 2, column 16: mapping values are not allowed here)"
+
+
+def test_a_closed_loop_ramps_by_default_in_proportion_to_its_users():
+    def ramp(*fields: str) -> float:
+        spec = load_spec(None, ["input_tokens=8", "output_tokens=4", "load.mode=concurrency", *fields])
+        assert isinstance(spec.load, ConcurrencyLoad)
+        return spec.load.ramp_up_s
+
+    assert ramp("load.concurrency=256") == pytest.approx(2.56)  # 10 ms per user
+    assert ramp("load.concurrency=100000") == 10.0  # at most 10 s
+    assert ramp("load.concurrency=256", "load.ramp_up_s=0") == 0.0  # all at once, when asked
+    # the dump carries the value in force, so a spec read back from summary.json sends the same load
+    spec = load_spec(None, ["input_tokens=8", "output_tokens=4", "load.mode=concurrency", "load.concurrency=64"])
+    assert spec.model_dump()["load"]["ramp_up_s"] == pytest.approx(0.64)
