@@ -87,7 +87,7 @@ def test_markdown_has_the_tables(written):
                     "## tokens-8192: max_num_batched_tokens 2048 → 8192", "## seqs-32: max_num_seqs 128 → 32"):
         assert heading in text
     assert "| condition | value |" in text and "| input tokens | 512 |" in text
-    assert "| load level | concurrency 64, ramp_up_s 0.0 |" in text
+    assert "| load level | concurrency 64, ramp_up_s 0.64 |" in text  # the default ramp: 10 ms per user
     assert "| setting | changed | max_num_seqs | max_num_batched_tokens |" in text
     assert "| KV capacity (tokens) |" in text and "| 500,000 |" in text and "| 60,000 |" in text
     assert "| metric | unit | baseline | value | delta | delta % | 95% CI of delta | significant |" in text
