@@ -153,7 +153,7 @@ def setting_bars(ax: Axes, c: Comparison, values: list[float | None], title: str
         if value is None:
             ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=8, color=BASE_COLOUR)
     ax.set_title(title, fontsize=10)
-    ax.set_ylabel(f"{title} ({unit})")
+    ax.set_ylabel(unit)  # the title names the quantity
     ax.set_xlabel("setting")
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
 
