@@ -59,7 +59,9 @@ def run_load(args: argparse.Namespace) -> int:
         return exits.INTERRUPTED
     command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
                "--host", args.host, "--spec", args.spec, "--run-id", run_id, "--out", str(out),
-               "--metrics-port", str(args.metrics_port), "--csv", str(out / "locust"), "--stop-timeout", "0"]
+               "--metrics-port", str(args.metrics_port), "--csv", str(out / "locust"), "--stop-timeout", "0",
+               # Locust's end-of-run table goes to a file, not after our summary: the console has one report
+               "--json-file", str(out / "locust_stats")]
     if ids is not None:
         command += ["--batchscope-ids", f"{ids[0]},{ids[1]}"]
     for override in args.overrides:

@@ -1,25 +1,31 @@
-"""Feeding finished requests into Locust's own statistics, off the hot path.
+"""Feeding finished requests into Locust's own statistics, off the hot path, so that its header and tables agree
+with ours.
 
-Locust's stats, CSV and web UI get one request event per metric (TTFT, TPOT, E2E, and REQUEST with the outcome)
-and every ITL gap. That is ~0.4 ms of work per request with a few hundred tokens; done as the request ends, a
-burst of endings (a closed loop in lockstep) would delay the reading of other streams' chunks. So records queue
-here and a greenlet feeds them to Locust whenever the event loop is idle; ``flush`` empties the queue at the end.
+Locust's header (RPS, Failures) and its "Aggregated" row are its ``stats.total``, which every request event adds
+to. So only the REQUEST row goes through request events: one per request that ended, failed when its outcome is
+a failure. A request the run's end cut (outcome ``aborted``) is neither: the summary counts it apart ("aborted
+at end"), and a failure it is not. The latency rows (TTFT, TPOT, E2E: one value per request completed ok) are
+logged into their own entries directly, so they are rows of the table but not requests of the header. The
+per-token gaps are not in Locust's stats at all: a gap is not a request, and its figures (exact percentiles of
+the window) are in the LLM tab, the summary and the client /metrics.
+
+That is work per request; done as the request ends, a burst of endings (a closed loop in lockstep) would delay
+the reading of other streams' chunks. So records queue here and a greenlet feeds them to Locust whenever the
+event loop is idle; ``flush`` empties the queue at the end.
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import gevent
-import locust.stats
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSVFileWriter
 
 from loadgen.greenlets import work_when_idle
 from loadgen.request import RequestRecord
 
-BATCH = 2  # records shown per idle moment: each logs its ITL gaps too, and tokens arriving meanwhile wait
+BATCH = 2  # records shown per idle moment: tokens arriving meanwhile wait
 
 
 class OutcomeError(Exception):
@@ -48,46 +54,23 @@ class DeferredRequestEvents:
         return bool(self._pending)
 
     def _fire(self, record: RequestRecord) -> None:
-        """One request event per metric (ms, as Locust wants), and the ITL gaps straight into the stats."""
-        fire = self._environment.events.request.fire
+        """The request's event (ms, as Locust wants) and, when it completed, its latencies into their rows."""
+        if record.outcome == "aborted":
+            return  # the run's end cut it: not a request Locust should count, nor a failure
         context = {"output_tokens": record.output_tokens, "request_id": record.request_id}
         total = ((record.end_s or record.scheduled_s) - record.scheduled_s) * 1000
+        failure = None
         if record.outcome != "ok":
-            failure = record.outcome if record.status in (None, 200) else f"http {record.status}"
-            fire(request_type="REQUEST", name=self._name, response_time=total, response_length=0, context=context,
-                 exception=OutcomeError(failure))
+            failure = OutcomeError(record.outcome if record.status in (None, 200) else f"http {record.status}")
+        self._environment.events.request.fire(request_type="REQUEST", name=self._name, response_time=total,
+                                              response_length=0, context=context, exception=failure)
+        if failure is not None:
             return
-        fire(request_type="REQUEST", name=self._name, response_time=total, response_length=0, context=context,
-             exception=None)
+        stats = self._environment.stats
         for metric, value in (("TTFT", record.ttft_s), ("TPOT", record.tpot_s), ("E2E", record.e2e_s)):
             if value is not None:
-                fire(request_type=metric, name=self._name, response_time=value * 1000, response_length=0,
-                     context=context, exception=None)
-        # a request event per gap would cost a seventh of the client's CPU: log the gaps into the ITL row
-        # directly (not into Locust's "Aggregated" row, which would mix them with whole requests anyway)
-        log_many(self._environment.stats.get(self._name, "ITL"), [gap * 1000 for gap in record.itl_s])
-
-
-def log_many(entry: Any, values_ms: list[float]) -> None:
-    """``entry.log(value, 0)`` for each value, in one pass: the same fields, with Locust's own bucketing.
-
-    The first value goes through StatsEntry.log (the per-second count, the last-request time, the response-time
-    cache); the others add to the same second, as they would if logged within it. ``entry`` is a StatsEntry,
-    typed Any: Locust annotates its times as int, and its own request events log float milliseconds.
-    """
-    if not values_ms:
-        return
-    entry.log(values_ms[0], 0)
-    rest = values_ms[1:]
-    if not rest or entry.last_request_timestamp is None:
-        return
-    entry.num_requests += len(rest)
-    entry.num_reqs_per_sec[int(entry.last_request_timestamp)] += len(rest)
-    entry.total_response_time += sum(rest)
-    entry.min_response_time = min(entry.min_response_time or rest[0], min(rest))
-    entry.max_response_time = max(entry.max_response_time, max(rest))
-    for bucket, count in Counter(map(locust.stats.bucket_response_time, rest)).items():
-        entry.response_times[bucket] += count
+                # the entry alone, not stats.total: a latency of a request already counted is not another request
+                stats.get(self._name, metric).log(value * 1000, 0)
 
 
 def take_over_csv(environment) -> Callable[[], None]:
@@ -104,6 +87,23 @@ def take_over_csv(environment) -> Callable[[], None]:
 
     def stop() -> None:
         greenlet.kill(block=True)
+        write_final_tables(writer)
         writer.close_files()
 
     return stop
+
+
+def write_final_tables(writer: StatsCSVFileWriter) -> None:
+    """Rewrite the requests, failures and exceptions files with the final counts: the greenlet's last pass
+    (once a second) may predate the last requests. The history file is appended to as it goes: left as is."""
+    tables = ((writer.requests_csv_filehandle, writer.requests_csv_writer, writer.requests_csv_columns,
+               writer._requests_data_rows),
+              (writer.failures_csv_filehandle, writer.failures_csv_writer, writer.failures_columns,
+               writer._failures_data_rows),
+              (writer.exceptions_csv_filehandle, writer.exceptions_csv_writer, writer.exceptions_columns,
+               writer._exceptions_data_rows))
+    for handle, out, columns, write_rows in tables:
+        handle.seek(0)
+        handle.truncate()
+        out.writerow(columns)
+        write_rows(out)

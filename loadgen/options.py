@@ -31,9 +31,10 @@ def add_arguments(parser, **_kwargs) -> None:
     parser.add_argument("--batchscope-target", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
     # set by `batchscope load`: the prompt token ids LOW,HIGH its pre-flight probed, so they are not probed again
     parser.add_argument("--batchscope-ids", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
-    # Locust's master port has no authentication and workers receive the target with its API key: listen on
-    # loopback unless told otherwise (--master-bind-host 0.0.0.0 for workers on other hosts)
-    parser.set_defaults(master_bind_host="127.0.0.1")
+    # Locust's master port has no authentication and workers receive the target with its API key, and its web
+    # UI (no login by default) can start, stop and re-aim the run: both listen on loopback unless told
+    # otherwise (--master-bind-host 0.0.0.0 for workers on other hosts, --web-host 0.0.0.0 for a remote browser)
+    parser.set_defaults(master_bind_host="127.0.0.1", web_host="127.0.0.1")
 
 
 def check_options(options: argparse.Namespace) -> None:

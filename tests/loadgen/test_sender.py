@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -122,25 +119,3 @@ def test_a_report_is_a_delta_of_records_and_cumulative_counts_and_survives_the_w
     assert again.final
     back = SenderReport.from_wire(first.to_wire())
     assert back == first and back.records[0].itl_s == [0.1, 0.2]
-
-
-BULK_CHECK = """
-import locust.stats  # Locust patches the standard library on import: in a process of its own
-from loadgen.locust_stats import log_many
-values = [0.4, 12.6, 12.6, 150.0, 3432.0, 0.0, 99.5]
-bulk, single = locust.stats.RequestStats().get("x", "ITL"), locust.stats.RequestStats().get("x", "ITL")
-log_many(bulk, values)
-for value in values:
-    single.log(value, 0)
-fields = ("num_requests", "total_response_time", "min_response_time", "max_response_time", "response_times")
-assert [getattr(bulk, f) for f in fields] == [getattr(single, f) for f in fields]
-assert sum(bulk.num_reqs_per_sec.values()) == len(values)
-print("same")
-"""
-
-
-@pytest.mark.e2e
-def test_gaps_logged_in_bulk_equal_one_locust_log_per_gap():
-    result = subprocess.run([sys.executable, "-c", BULK_CHECK], capture_output=True, text=True, timeout=60,
-                            cwd=Path(__file__).resolve().parents[2])
-    assert result.stdout.strip() == "same", result.stderr[-2000:]

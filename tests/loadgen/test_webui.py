@@ -429,3 +429,68 @@ def test_llm_tab_says_unreachable_when_the_host_has_no_metrics(tmp_path):
     reads = [r for r in host.requests if r.path == "/metrics"]
     assert reads and all("Authorization" not in r.headers for r in reads)  # /metrics needs no key: none is sent
     assert "secret-key-123" not in answer and "secret-key-123" not in (tmp_path / "locust.log").read_text()
+
+
+def fresh_stats(ui: str) -> tuple[float, dict]:
+    """/stats/requests computed now (Locust memoizes it for 2 s: a read over 2 s after the last one misses the
+    cache) and the moment it was computed."""
+    requests.get(ui + "stats/requests", timeout=5)
+    after = time.time() + 2.1
+    wait_until(lambda: time.time() > after, timeout_s=5, message="Locust's 2 s answer cache to expire")
+    asked = time.time()
+    stats = requests.get(ui + "stats/requests", timeout=5).json()
+    return (asked + time.time()) / 2, stats
+
+
+def ended_per_second(records: Path, first_s: int, last_s: int) -> float:
+    """Requests that ended (not cut by the run's end) per second over the whole seconds [first_s, last_s)."""
+    ends = [r["end_s"] for r in map(json.loads, records.read_text().splitlines()) if r["outcome"] != "aborted"]
+    return sum(1 for end in ends if first_s <= int(end) < last_s) / (last_s - first_s)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_locusts_header_rps_is_the_request_rate(simulator, tmp_path):
+    sim = simulator("--profile", "tiny")
+    records = tmp_path / "out" / "records.jsonl"
+    with locust_ui(tmp_path, sim.url, SPEC + "warmup_s: 1\n", "--out", str(tmp_path / "out")) as ui:
+        wait_until(lambda: requests.get(ui + "stats/requests", timeout=5).json()["state"] == "running",
+                   timeout_s=20, interval_s=0.5, message="the run to start")
+        begun = time.time()
+        wait_until(lambda: time.time() - begun > 14, timeout_s=20, interval_s=0.5, message="14 s of load")
+        at, stats = fresh_stats(ui)
+        # Locust's current_rps (the header's RPS) averages its per-second counts over [now - 12, now - 2) s;
+        # the same seconds of records.jsonl, once the controller has written them
+        first, last = int(at) - 12, int(at) - 2
+        wait_until(lambda: records.exists() and ended_per_second(records, last, last + 1) > 0
+                   and max(json.loads(line)["end_s"] for line in records.read_text().splitlines()) > last + 1,
+                   timeout_s=10, interval_s=0.5, message="the records of the measured seconds")
+        rate = ended_per_second(records, first, last)
+    rows = {(entry["method"], entry["name"]): entry for entry in stats["stats"]}
+    assert rate > 5
+    assert stats["current_rps"] == pytest.approx(rate, rel=0.05)
+    assert rows[("REQUEST", "default")]["current_rps"] == pytest.approx(stats["current_rps"])
+    assert stats["fail_ratio"] == 0
+    assert ("ITL", "default") not in rows  # a gap between tokens is not a request
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp* spells them) with a socket listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_web_ui_listens_on_loopback_unless_told_otherwise(simulator, tmp_path):
+    sim = simulator("--profile", "tiny")
+    with locust_ui(tmp_path, sim.url, SPEC) as ui:
+        assert listening_addresses(int(ui.rstrip("/").rpartition(":")[2])) == {"0100007F"}  # 127.0.0.1 only
