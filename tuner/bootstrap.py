@@ -1,28 +1,34 @@
-"""Confidence intervals of a comparison's deltas: seeded percentile bootstrap, one method per kind of metric.
+"""The evidence behind a comparison's deltas: run-level intervals when there are enough repeats, else indicative
+within-run ones. Seeded and pure.
 
-95% intervals of the delta variation − baseline, RESAMPLES resamples, seeded:
-- every setting has >= 2 ok repeats: resample the repeats' values of each setting (method "repeats");
-- otherwise, latencies: resample the completed requests of each setting (RequestSamples) and recompute the
-  percentile (method "requests"); the interval is centred on the reported delta (ITL's figure pools every gap,
-  while the samples hold each request's mean ITL, so only their spread is used);
-- otherwise, completion throughput, output tokens/s, preemptions and errors: the counts behind them are drawn
-  as Poisson counts around the observed ones (method "poisson"). A closed loop completes requests more regularly
-  than a Poisson process, so this interval is, if anything, too wide: it errs towards "not significant";
-- otherwise, max waiting and KV peak (the maximum of sampled gauges; one value per run): no interval ("n/a").
-A delta is significant when its interval excludes 0.
+Runs are the independent unit: requests within a run share its queue, its batches and its machine state, so
+resampling them ignores run-to-run variance (an A/A plan of one repeat per setting read TTFT, TPOT and E2E
+p50 -11% "significant" against a real vLLM). So:
+- both sides have >= MIN_REPEATS ok runs with a value: a 95% Welch t interval of the difference of the runs'
+  mean values (tuner.welch; method "runs"). Significant when the Holm-adjusted p-value, over the metrics of
+  one variation, is below 1 - CONFIDENCE: an A/A plan (no-op variations) then reads "not significant" for a
+  whole variation 95% of the time, not for each metric only. No spread (every run of both sides gave the same
+  value) gives no interval and is never significant ("no spread"): zero variance is no estimate of the noise;
+- fewer runs: the within-run interval, "indicative" when it excludes 0 (never significant), "not significant"
+  when even it includes 0. Latencies: the pooled completed requests resampled and the percentile recomputed
+  (method "requests"; centred on the reported delta, since ITL's figure pools every gap while the samples hold
+  each request's mean ITL); completion throughput, output tokens/s, goodput, preemptions and errors: their
+  counts drawn as Poisson around the observed ones (method "poisson"); max waiting, KV peak and means: none
+  ("n/a"). A zero-width interval is "no spread" here too.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 
 from tuner.metric_defs import Measured, MetricDef, mean_present
 from tuner.plan import BASELINE
+from tuner.welch import welch
 
 RESAMPLES = 2000
 CONFIDENCE = 0.95
@@ -30,21 +36,63 @@ SEED = 0
 # Resamples per numpy batch: bounds memory at CHUNK x requests floats whatever the window's size.
 CHUNK = 200
 
-Method = Literal["repeats", "requests", "poisson", "n/a"]
+MIN_REPEATS = 3  # ok runs per side before a delta may be called significant
+
+Method = Literal["runs", "requests", "poisson", "n/a"]
+Evidence = Literal["significant", "not significant", "indicative", "no spread", "n/a"]
 Interval = tuple[float, float]
 
 
-def interval(metric: MetricDef, base: list[Measured], runs: list[Measured], basis: str, delta: float,
-             boot: Bootstrap, setting: str) -> tuple[Interval | None, Method]:
-    """The interval of one metric's delta and the method that drew it (see the module docstring)."""
-    if basis == "repeats":
-        a = np.array([v for v in (metric.read(r) for r in base) if v is not None])
-        b = np.array([v for v in (metric.read(r) for r in runs) if v is not None])
-        if a.size < 2 or b.size < 2:
-            return None, "n/a"
-        rng = boot.rng(setting, metric.key)
-        draws = _resample_means(b, rng, boot.resamples) - _resample_means(a, rng, boot.resamples)
-        return _quantiles(draws), "repeats"
+@dataclass(frozen=True)
+class Estimate:
+    """A delta's interval, what drew it, and what it shows (see the module docstring)."""
+
+    bounds: Interval | None
+    method: Method
+    evidence: Evidence
+    p_value: float | None = None  # Welch's, before Holm's adjustment (method "runs" only)
+
+
+NO_ESTIMATE = Estimate(None, "n/a", "n/a")
+
+
+def estimate(metric: MetricDef, base: list[Measured], runs: list[Measured], delta: float, boot: Bootstrap,
+             setting: str) -> Estimate:
+    """One metric's delta, judged alone; `holm` then decides which of a variation's are significant."""
+    a, b = _values(metric, base), _values(metric, runs)
+    if min(a.size, b.size) >= MIN_REPEATS:
+        result = welch(a, b, CONFIDENCE)
+        if result is None:
+            return Estimate(None, "runs", "no spread")
+        return Estimate((result.low, result.high), "runs", "not significant", result.p_value)
+    bounds, method = _within_runs(metric, base, runs, delta, boot, setting)
+    if bounds is None:
+        return Estimate(None, method, "n/a")
+    if bounds[0] == bounds[1]:
+        return Estimate(None, method, "no spread")
+    return Estimate(bounds, method, "indicative" if bounds[0] > 0 or bounds[1] < 0 else "not significant")
+
+
+def holm(estimates: list[Estimate]) -> list[Estimate]:
+    """Holm's step-down over the estimates with a p-value: the k-th smallest is significant while every smaller
+    one was and it is below alpha / (m - k + 1); the family is one variation's metrics."""
+    alpha = 1 - CONFIDENCE
+    tested = sorted((e.p_value, i) for i, e in enumerate(estimates) if e.p_value is not None)
+    out = list(estimates)
+    for rank, (p_value, i) in enumerate(tested):
+        if p_value >= alpha / (len(tested) - rank):
+            break
+        out[i] = replace(estimates[i], evidence="significant")
+    return out
+
+
+def _values(metric: MetricDef, runs: list[Measured]) -> np.ndarray:
+    return np.array([v for v in (metric.read(r) for r in runs) if v is not None], dtype=float)
+
+
+def _within_runs(metric: MetricDef, base: list[Measured], runs: list[Measured], delta: float, boot: Bootstrap,
+                 setting: str) -> tuple[Interval | None, Method]:
+    """The interval across the pooled requests or counts of each side's runs (indicative only)."""
     if metric.samples is not None and metric.percentile is not None:
         base_draws = boot.percentiles(BASELINE, metric.samples, base)
         draws = boot.percentiles(setting, metric.samples, runs)
@@ -60,10 +108,6 @@ def interval(metric: MetricDef, base: list[Measured], runs: list[Measured], basi
             - _poisson_rate(metric.read, metric.count, base, rng, boot.resamples)
         return _quantiles(draws), "poisson"
     return None, "n/a"
-
-
-def _resample_means(values: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
-    return values[rng.integers(0, values.size, (resamples, values.size))].mean(axis=1)
 
 
 @dataclass

@@ -9,7 +9,7 @@ field). Intervals: tuner.bootstrap; verdicts: tuner.verdicts; explanations: tune
 from __future__ import annotations
 
 from batchscope.secrets import mask_argv
-from tuner.bootstrap import RESAMPLES, SEED, Bootstrap, Interval, Method, interval
+from tuner.bootstrap import MIN_REPEATS, NO_ESTIMATE, RESAMPLES, SEED, Bootstrap, Estimate, estimate, holm
 from tuner.comparison import (
     Comparison,
     FailedRun,
@@ -44,7 +44,7 @@ def compare(results: list[RunResult], slos: Slos, *, order: list[str] | None = N
     check_comparable(results)
     groups = _group(results, order or [])
     ok = {name: [m for m in map(measured, runs) if m is not None] for name, runs in groups.items()}
-    basis = "repeats" if all(len(runs) >= 2 for runs in ok.values()) else "requests"
+    basis = "runs" if all(len(runs) >= MIN_REPEATS for runs in ok.values()) else "requests"
     params = {name: runs[0].params for name, runs in groups.items()}
     settings = [_summarise(name, params[name], groups[name], ok[name], slos) for name in groups]
     base = ok.get(BASELINE, [])
@@ -53,7 +53,7 @@ def compare(results: list[RunResult], slos: Slos, *, order: list[str] | None = N
     for name in groups:
         if name == BASELINE:
             continue
-        deltas = [_delta(metric, base, ok[name], basis, boot, name) for metric in METRICS]
+        deltas = _deltas(base, ok[name], boot, name)
         variation = VariationComparison(setting=name, changed=changed_params(params.get(BASELINE), params[name]),
                                         metrics=deltas, explanation="")
         variations.append(variation)
@@ -130,17 +130,27 @@ def _summarise(name: str, params: ServingParams, runs: list[RunResult], ok: list
                           meets_slos=meets_slos(values, slos) if ok else None)
 
 
-def _delta(metric: MetricDef, base: list[Measured], runs: list[Measured], basis: str, boot: Bootstrap,
-           setting: str) -> MetricDelta:
+def _deltas(base: list[Measured], runs: list[Measured], boot: Bootstrap, setting: str) -> list[MetricDelta]:
+    """Every metric's delta, its interval and its evidence (Holm's adjustment over the variation's metrics)."""
+    points = [_point(metric, base, runs) for metric in METRICS]
+    estimates = holm([NO_ESTIMATE if delta is None else estimate(metric, base, runs, delta, boot, setting)
+                      for metric, (_, _, delta) in zip(METRICS, points, strict=True)])
+    return [_delta(metric, *point, e) for metric, point, e in zip(METRICS, points, estimates, strict=True)]
+
+
+def _point(metric: MetricDef, base: list[Measured], runs: list[Measured]
+           ) -> tuple[float | None, float | None, float | None]:
+    """(baseline, value, delta): means over each side's ok runs."""
     baseline = mean_present([metric.read(r) for r in base])
     value = mean_present([metric.read(r) for r in runs])
-    delta = None if baseline is None or value is None else value - baseline
+    return baseline, value, None if baseline is None or value is None else value - baseline
+
+
+def _delta(metric: MetricDef, baseline: float | None, value: float | None, delta: float | None,
+           e: Estimate) -> MetricDelta:
     relative = delta / baseline if delta is not None and baseline else None
-    bounds: Interval | None = None
-    method: Method = "n/a"
-    if delta is not None:
-        bounds, method = interval(metric, base, runs, basis, delta, boot, setting)
-    low, high = bounds if bounds is not None else (None, None)
+    low, high = e.bounds if e.bounds is not None else (None, None)
     return MetricDelta(metric=metric.key, label=metric.label, unit=metric.unit, better=metric.better,
                        baseline=baseline, value=value, delta=delta, relative=relative, ci_low=low, ci_high=high,
-                       significant=None if bounds is None else bounds[0] > 0 or bounds[1] < 0, method=method)
+                       significant=None if e.evidence == "n/a" else e.evidence == "significant",
+                       evidence=e.evidence, p_value=e.p_value, method=e.method)

@@ -12,13 +12,14 @@ from pydantic import BaseModel, Field
 import batchscope
 from batchscope import vllm_knobs
 from loadgen.spec import WorkloadSpec
-from tuner.bootstrap import CONFIDENCE, RESAMPLES, SEED, Method
+from tuner.bootstrap import CONFIDENCE, MIN_REPEATS, RESAMPLES, SEED, Evidence, Method
 from tuner.plan import Objective, ServingParams, Slos
 from tuner.results import ServerReport
 
 # 2: a knob in a setting's params or a ParamChange may be None (not passed, vLLM's default); settings say what
 # the server reported choosing (SettingSummary.reported)
-SCHEMA_VERSION: Final = 2
+# 3: significance is run-level (MetricDelta.evidence, p_value; method "runs" replaces "repeats"; ci_basis "runs")
+SCHEMA_VERSION: Final = 3
 
 
 class MetricDelta(BaseModel):
@@ -32,10 +33,17 @@ class MetricDelta(BaseModel):
     value: float | None = Field(description="This setting's value (mean over its ok repeats).")
     delta: float | None = Field(description="value − baseline, in unit.")
     relative: float | None = Field(description="delta / baseline (0.1 = +10%); None when the baseline is 0.")
-    ci_low: float | None = Field(description="Lower end of the 95% bootstrap CI of delta, in unit.")
-    ci_high: float | None = Field(description="Upper end of the 95% bootstrap CI of delta, in unit.")
-    significant: bool | None = Field(description="The CI excludes 0; None when there is no CI.")
-    method: Method = Field(description="What was resampled: repeats, requests, poisson counts, or n/a (no CI).")
+    ci_low: float | None = Field(description="Lower end of the 95% CI of delta, in unit (None: no interval).")
+    ci_high: float | None = Field(description="Upper end of the 95% CI of delta, in unit (None: no interval).")
+    evidence: Evidence = Field(description="significant: >= MIN_REPEATS ok runs per side and Holm-adjusted "
+                               "p < 0.05 over the variation's metrics; not significant; indicative: fewer runs, "
+                               "the within-run interval excludes 0 (never significant); no spread: every run of "
+                               "both sides gave the same value (zero variance is no certainty); n/a: no interval.")
+    p_value: float | None = Field(None, description="Welch's two-sided p-value over the runs, before Holm's "
+                                  "adjustment (method 'runs' only).")
+    significant: bool | None = Field(description="evidence is 'significant'; None when evidence is 'n/a'.")
+    method: Method = Field(description="What drew the interval: runs (Welch t over the runs' values), requests "
+                           "(within-run bootstrap), poisson counts, or n/a (no interval).")
 
     @property
     def improved(self) -> bool | None:
@@ -138,17 +146,19 @@ class FailedRun(BaseModel):
 class Comparison(BaseModel):
     """Every variation of a plan against its baseline, with the conditions and SLOs that framed it."""
 
-    schema_version: Literal[2] = Field(SCHEMA_VERSION, description="Bumped when a field changes meaning.")
+    schema_version: Literal[3] = Field(SCHEMA_VERSION, description="Bumped when a field changes meaning.")
     tool_version: str = Field(batchscope.__version__, description="batchscope version that compared.")
     plan: str = Field(description="Plan name.")
     mode: Literal["real-time", "what-if"] = Field(description="How every compared run was measured.")
     conditions: WorkloadSpec = Field(description="The locked workload shared by every run.")
     slos: Slos = Field(description="Bounds used for met_slos.")
     confidence: float = Field(CONFIDENCE, description="Confidence level of the intervals.")
-    resamples: int = Field(RESAMPLES, description="Bootstrap resamples per interval.")
+    min_repeats: int = Field(MIN_REPEATS, description="Ok runs per side a delta needs to be significant.")
+    resamples: int = Field(RESAMPLES, description="Bootstrap resamples per within-run interval.")
     seed: int = Field(SEED, description="Base seed of the bootstrap (one stream per setting and quantity).")
-    ci_basis: Literal["repeats", "requests"] = Field(description="'repeats' when every setting has >= 2 ok "
-                                                     "repeats, else 'requests' (one repeat: across requests).")
+    ci_basis: Literal["runs", "requests"] = Field(description="'runs' when every setting has >= min_repeats ok "
+                                                  "runs (Welch t over runs), else 'requests' (within-run "
+                                                  "intervals: indicative only).")
     settings: list[SettingSummary] = Field(description="Baseline first, then the variations in plan order.")
     variations: list[VariationComparison] = Field(description="Each variation against the baseline.")
     verdicts: Verdicts = Field(description="Best per objective; SLOs met; Pareto front.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from tuner.comparison import Comparison, MetricDelta, SettingSummary
 from tuner.metric_defs import METRIC_BY_KEY
 from tuner.plan import BASELINE, TUNABLE, Slos
+from tuner.whatif import STEP_JITTER_CV
 
 
 def display_unit(unit: str) -> str:
@@ -40,7 +41,12 @@ def ci_text(m: MetricDelta) -> str:
 
 
 def significance(m: MetricDelta) -> str:
-    return {True: "✓", False: "", None: "n/a"}[m.significant]
+    """The significance cell: ✓ only for run-level evidence; a one- or two-repeat delta is at most indicative."""
+    if m.evidence == "not significant" and m.method == "runs" and m.ci_low is not None and m.ci_high is not None \
+            and (m.ci_low > 0 or m.ci_high < 0):
+        return "not after Holm"  # its own 95% interval excludes 0, the variation's family of metrics does not
+    return {"significant": "✓", "not significant": "", "indicative": "indicative", "no spread": "no spread",
+            "n/a": "n/a"}[m.evidence]
 
 
 def mode_line(c: Comparison) -> str:
@@ -51,12 +57,30 @@ def mode_line(c: Comparison) -> str:
 
 
 def ci_line(c: Comparison) -> str:
-    basis = ("across repeats (each setting's repeat values resampled)" if c.ci_basis == "repeats" else
-             "across requests (one repeat per setting: each run's completed requests resampled for latency "
-             "percentiles; completion, preemption and error counts drawn as Poisson for throughput, "
-             "preemptions and errors; none for max waiting and KV peak)")
-    return (f"Confidence intervals: {c.confidence:.0%} percentile bootstrap of the delta (setting − baseline), "
-            f"{c.resamples:,} resamples, seed {c.seed}, {basis}. Significant (✓) = the interval excludes 0.")
+    """What the intervals are and when a delta is called significant (one line under the comparison)."""
+    if c.ci_basis == "runs":
+        basis = (f"{c.confidence:.0%} Welch t interval of the delta (setting − baseline) over the runs, each run "
+                 f"one value (requests within a run are correlated; runs are the independent unit). Significant "
+                 f"(✓) = at least {c.min_repeats} ok runs per side and a Holm-adjusted p below "
+                 f"{1 - c.confidence:.2f} over the variation's metrics; 'no spread' = every run of both sides gave "
+                 f"the same value, which is no evidence.")
+    else:
+        basis = (f"fewer than {c.min_repeats} ok runs per setting, so no delta is called significant: each "
+                 f"interval is a {c.confidence:.0%} bootstrap within the runs (requests resampled for latency "
+                 f"percentiles, counts drawn as Poisson for throughput, goodput, preemptions and errors; none for "
+                 f"means, max waiting and KV peak; {c.resamples:,} resamples, seed {c.seed}), which ignores "
+                 f"run-to-run variance: 'indicative' = it excludes 0. Use repeats: {c.min_repeats} or more for "
+                 f"significance.")
+    return f"Confidence intervals: {basis} {repeats_line(c)}"
+
+
+def repeats_line(c: Comparison) -> str:
+    """What makes repeats differ, so what their spread means."""
+    if c.mode == "what-if":
+        return (f"What-if repeats differ by seed: repeat r draws its own step-time noise ({STEP_JITTER_CV:.0%} per "
+                "step, lognormal; an assumption, not a measured GPU's) and, with Poisson load, its own arrivals; "
+                "their spread is that noise's, not a real server's run-to-run variance.")
+    return "Repeats are interleaved (every setting for repeat 0, then repeat 1, ...), the baseline's included."
 
 
 def conditions_rows(c: Comparison) -> list[tuple[str, str]]:

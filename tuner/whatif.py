@@ -14,14 +14,19 @@ The figures follow the load generator's summary (loadgen/summary.py), with the v
 - at the stop, requests in flight are cut, as the load generator aborts them; they count in no figure.
 Server signals are the engine's own statistics over the same window: counter deltas and histogram means from a
 snapshot taken before the first step that delivers in the window, and time-weighted KV usage and queue sizes.
-The virtual clock has no noise: repeats differ only in their Poisson arrivals (seed + repeat); closed-loop and
-offline repeats are identical, so their confidence intervals across repeats have zero width.
+The virtual clock has no noise of its own, so closed-loop and offline repeats would be identical and their spread
+would say nothing. Each run's steps therefore take the profile's cost times a seeded lognormal factor of mean 1
+and coefficient of variation STEP_JITTER_CV, drawn per step from (the simulator seed, the setting, the repeat):
+repeats differ by that seed and, with Poisson load, by their arrivals (seed + repeat); prompts are the plan's, as
+in every real-time repeat. The noise is an assumption (no profile measures a GPU's step-time variance), so a
+what-if repeat's spread is the model's, not a real server's run-to-run variance: the report says so.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +38,9 @@ from loadgen.prompts import draw_prompt
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
 from loadgen.summary import Distribution
 from simulator.config import Deployment, ServeConfig, validation_message
+from simulator.cost import StepCostModel
 from simulator.engine import EngineCore, Step
+from simulator.profile import Profile
 from simulator.responses import VLLM_VERSION
 from simulator.stats import EngineStats
 from simulator.virtual import ClosedLoop, FixedArrivals, PromptIds, RequestSpec, StepObserver, TimedResult, run_timed
@@ -50,6 +57,22 @@ from tuner.results import (
 )
 
 DEFAULT_PROFILE = SimulatorBackend().profile
+# Step-time noise of a what-if run: the standard deviation of a step's duration over its mean (see the docstring).
+STEP_JITTER_CV = 0.03
+
+
+class JitteredCost(StepCostModel):
+    """The profile's step cost times a seeded lognormal factor of mean 1 and CV STEP_JITTER_CV, one per step."""
+
+    SIGMA = math.sqrt(math.log1p(STEP_JITTER_CV ** 2))
+
+    def __init__(self, profile: Profile, rng: np.random.Generator):
+        super().__init__(profile)
+        self._rng = rng
+
+    def step_seconds(self, new_tokens: np.ndarray, context: np.ndarray) -> float:
+        factor = self._rng.lognormal(-self.SIGMA ** 2 / 2, self.SIGMA)  # mean exp(mu + sigma^2 / 2) = 1
+        return super().step_seconds(new_tokens, context) * float(factor)
 
 
 def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int,
@@ -75,7 +98,7 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int,
         return RunResult(**base, finished_at=now_iso(), status="failed",
                          failure=f"every request is rejected: input_tokens + output_tokens = "
                                  f"{spec.input_tokens + spec.output_tokens} > max_model_len {deployment.max_model_len}")
-    engine = deployment.new_engine()
+    engine = deployment.new_engine(JitteredCost(deployment.profile, step_noise(seed, setting, repeat)))
     window = WindowStats(start=spec.warmup_s)
     run = simulate(spec, engine, repeat, on_step=window.observe if on_step is None else _both(window.observe, on_step),
                    vocab_size=deployment.vocab_size)
@@ -94,6 +117,11 @@ def simulate(spec: WorkloadSpec, engine: EngineCore, repeat: int, on_step: StepO
     model of ``vocab_size`` tokens."""
     return run_timed(engine, _source(spec, repeat), _stop(spec), max_in_flight=_cap(spec), on_step=on_step,
                      prompts=prompt_source(spec, vocab_size))
+
+
+def step_noise(seed: int, setting: str, repeat: int) -> np.random.Generator:
+    """The stream of one run's step-time noise: its own per setting and repeat, the same on every rerun."""
+    return np.random.default_rng([seed, zlib.crc32(setting.encode()), repeat])
 
 
 def _both(first: StepObserver, second: StepObserver) -> StepObserver:
