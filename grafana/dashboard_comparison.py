@@ -12,9 +12,11 @@ from dashboard_parts import (
     SCENARIO,
     Layout,
     dashboard,
+    describe,
     instant_table,
     panel,
     target,
+    thresholds,
     timeseries,
 )
 
@@ -30,11 +32,20 @@ def over_range(function: str, expr: str) -> str:
     return f"{function}(({per_config(expr)})[$__range:$__interval])"
 
 
-def config_quantile(q: float, histogram: str) -> str:
+def config_quantile(q: float, histogram: str, selector: str = SCENARIO) -> str:
     """Quantile per configuration from the bucket rates summed over that configuration's steps (exact up to
     bucket resolution; averaging 1 m quantiles would not be)."""
-    buckets = over_range("sum_over_time", f"rate({histogram}_bucket{{{SCENARIO}}}[$__rate_interval])")
+    buckets = over_range("sum_over_time", f"rate({histogram}_bucket{{{selector}}}[$__rate_interval])")
     return f"histogram_quantile({q}, sum by (le, {CONFIG_BY}) ({buckets}))"
+
+
+def config_attainment(histogram: str, target_rule: str) -> str:
+    """Share of a configuration's requests within the SLO target (the bucket whose `le` the target rule names),
+    over the steps it was in force."""
+    within = over_range("sum_over_time",
+                        f"rate({histogram}_bucket{{{SCENARIO}}}[$__rate_interval]) and on (le) {target_rule}")
+    every = over_range("sum_over_time", f"rate({histogram}_count{{{SCENARIO}}}[$__rate_interval])")
+    return f"sum by ({CONFIG_BY}) ({within}) / sum by ({CONFIG_BY}) ({every})"
 
 
 def config_mean(recorded: str) -> str:
@@ -52,23 +63,37 @@ def config_error_share() -> str:
 
 
 COMPARISON_COLUMNS = [
-    # (column title, expression, unit)
+    # (column title, expression, unit); client figures unless the title says vLLM
     ("TTFT p50", config_quantile(0.5, "batchscope_client_time_to_first_token_seconds"), "s"),
     ("TTFT p99", config_quantile(0.99, "batchscope_client_time_to_first_token_seconds"), "s"),
     ("TPOT p50", config_quantile(0.5, "batchscope_client_time_per_output_token_seconds"), "s"),
     ("TPOT p99", config_quantile(0.99, "batchscope_client_time_per_output_token_seconds"), "s"),
+    ("E2E p99", config_quantile(0.99, "batchscope_client_e2e_request_latency_seconds"), "s"),
+    ("TTFT within SLO", config_attainment("batchscope_client_time_to_first_token_seconds",
+                                          "batchscope:slo_ttft_seconds"), "percentunit"),
+    ("TPOT within SLO", config_attainment("batchscope_client_time_per_output_token_seconds",
+                                          "batchscope:slo_tpot_seconds"), "percentunit"),
+    ("Queue p99 (vLLM)", config_quantile(0.99, "vllm:request_queue_time_seconds", MODEL), "s"),
     ("Completions /s", config_mean(f"scenario:batchscope_client_completions:rate1m{{{SCENARIO}}}"), "reqps"),
+    ("Steps /s (vLLM)", config_mean(f"model:vllm_engine_steps:rate1m{{{MODEL}}}"), "short"),
     ("Preemptions /s", config_mean(f"model:vllm_preemptions:rate1m{{{MODEL}}}"), "short"),
+    ("Preemptions / request (vLLM)", config_mean(f"model:vllm_request_preemptions:mean1m{{{MODEL}}}"), "short"),
+    ("Recomputed tokens /s (vLLM)", config_mean(f"model:vllm_recomputed_prompt_tokens:rate1m{{{MODEL}}}"),
+     "short"),
     ("Errors", config_error_share(), "percentunit"),
 ]
 
 
 def comparison_table() -> dict:
     targets = [instant_table(expr) for _, expr, _ in COMPARISON_COLUMNS]
-    body = panel("table", "Configurations in the time range", targets, "s",
+    body = panel("table", "Configurations in the time range", targets, "s", describe(
                  "One row per (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len) seen "
-                 "in the range; each figure covers only the steps when that configuration was in force. Client "
-                 "figures; select one scenario so rows compare like with like.",
+                 "in the range; each figure covers only the steps when that configuration was in force. Select "
+                 "one scenario so rows compare like with like.",
+                 "the client's (as vllm bench serve) for latency, SLO shares, completions and errors; vLLM's "
+                 "where the column says so, and for preemptions.",
+                 "a row with preemptions or recomputed tokens: its KV cache is too small for its max_num_seqs; "
+                 "the best row meets both SLO shares (0.99) at the most completions /s."),
                  options={"showHeader": True, "sortBy": [{"displayName": "max_num_seqs", "desc": False}]})
     # Each instant query is a table whose value column is "Value #<refId>"; merge joins them on the config labels.
     refs = [query["refId"] for query in targets]
@@ -88,15 +113,23 @@ def comparison_table() -> dict:
 
 def comparison() -> dict:
     layout = Layout()
-    layout.row("Run comparison", "What did each configuration seen in the range do to latency, throughput, "
-                                 "preemptions and errors?")
+    layout.row("What did each configuration seen in the range do to latency, SLOs, throughput, preemptions and "
+               "errors?")
     layout.add(comparison_table(), 24, 10)
-    layout.row("Over time", "When was each configuration in force, and how did client TTFT p99 move with it?")
+    layout.row("When was each configuration in force, and how did its latency and SLO share move?")
+    legend = ("max_num_seqs={{max_num_seqs}} max_num_batched_tokens={{max_num_batched_tokens}} "
+              "gpu_memory_utilization={{gpu_memory_utilization}} {{scenario}}")
     layout.add(timeseries("Client TTFT p99 by configuration", [
         target(per_config(f'scenario:batchscope_client_ttft_seconds:histogram_quantile1m{{{SCENARIO}, '
-                          f'quantile="0.99"}}'),
-               "max_num_seqs={{max_num_seqs}} max_num_batched_tokens={{max_num_batched_tokens}} "
-               "gpu_memory_utilization={{gpu_memory_utilization}} {{scenario}}"),
-    ], "s", "The same p99 as the overview, one colour per configuration."), 24)
+                          f'quantile="0.99"}}'), legend),
+    ], "s", describe("The same p99 as the overview, one colour per configuration.", "the client's TTFT.",
+                     "a step up at a configuration change: that change made admission or prefill slower.")), 12)
+    layout.add(timeseries("Client TTFT SLO share by configuration", [
+        target(per_config(f"scenario:batchscope_client_ttft_slo:attainment1m{{{SCENARIO}}}"), legend),
+    ], "percentunit", describe("Share of requests within the TTFT target over the last minute, one colour per "
+                               "configuration (green line: the 0.99 objective).",
+                               "the client's TTFT against batchscope:slo_ttft_seconds.",
+                               "below the line: that configuration misses the SLO; compare its queue p99."),
+        max_value=1, steps=thresholds((None, "red"), (0.99, "green"))), 12)
     return dashboard("batchscope-comparison", "vLLM batching — run comparison",
                      "One row per vLLM configuration seen in the time range.", layout.panels)

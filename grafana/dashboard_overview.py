@@ -1,5 +1,5 @@
-"""The overview dashboard: the configuration in force, latency client vs server, throughput, the scheduler's
-queues and batches, the KV cache, errors (what each row answers: docs/dashboards.md)."""
+"""The overview dashboard, rows in reading order: the configuration in force; is it healthy; where requests wait;
+why (the batch, the KV cache, preemption); what the client sees (what each row answers: docs/dashboards.md)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,21 @@ from dashboard_parts import (
     Layout,
     config_label_stat,
     dashboard,
+    describe,
+    heatmap,
     instant_table,
+    or_not_exposed,
     panel,
     stat,
     target,
+    thresholds,
     timeseries,
     with_config_line,
 )
+
+# an SLO share below its objective (0.99) is a breach; between 0.95 and it a warning
+ATTAINMENT_STEPS = thresholds((None, "red"), (0.95, "orange"), (0.99, "green"))
+ERROR_STEPS = thresholds((None, "green"), (0.05, "red"))  # the error alerts' 5 %
 
 
 def client_vs_server(title: str, client_rule: str, server_rule: str, description: str) -> dict:
@@ -28,108 +36,317 @@ def client_vs_server(title: str, client_rule: str, server_rule: str, description
     ], "s", description)
 
 
-def overview() -> dict:
-    layout = Layout()
+def right_axis(body: dict, ref_id: str, unit: str) -> dict:
+    """Draw one query of a time series panel on a right-hand axis in its own unit."""
+    body["fieldConfig"]["overrides"].append({
+        "matcher": {"id": "byFrameRefID", "options": ref_id},
+        "properties": [{"id": "unit", "value": unit}, {"id": "custom.axisPlacement", "value": "right"}],
+    })
+    return body
 
-    layout.row("Configuration in force", "Which vLLM configuration produced the numbers below?")
+
+def configuration_row(layout: Layout) -> None:
+    layout.row("Which vLLM configuration produced the numbers below?")
     for label in CONFIG_LABELS:
         layout.add(config_label_stat(label), 3, 4)
     layout.add(stat("KV cache capacity", [target("batchscope_vllm_kv_cache_capacity_tokens", "tokens")], "none",
-                    "Tokens the KV cache holds at once (vLLM's 'GPU KV cache size')."), 4, 4)
+                    describe("Tokens the KV cache holds at once.",
+                             "vLLM's 'GPU KV cache size' (num_gpu_blocks x block_size).",
+                             "well below max_num_seqs x (prompt + output tokens) the cache preempts: raise "
+                             "--gpu-memory-utilization.")), 4, 4)
     layout.add(stat("Max concurrency", [target("batchscope_vllm_kv_cache_max_concurrency", "requests")], "none",
-                    "Requests of max_model_len tokens the KV cache holds at once (vLLM's 'Maximum concurrency')."),
-               4, 4)
+                    describe("Requests of max_model_len tokens the KV cache holds at once.",
+                             "vLLM's 'Maximum concurrency' (KV tokens / max_model_len).",
+                             "below max_num_seqs, full-length requests preempt each other: raise "
+                             "--gpu-memory-utilization or lower --max-model-len.")), 4, 4)
     layout.add(stat("Targets up", [target("batchscope_up", "{{target}}")], "none",
-                    "1 if the exporter read the target's /metrics at its last scrape.", text_mode="value_and_name"),
-               4, 4)
+                    describe("1 if the exporter read the target's /metrics at its last scrape.",
+                             "the exporter's (batchscope_up per target).",
+                             "0 for vllm: the server is down or unreachable (see BatchscopeTargetDown); 0 for "
+                             "loadgen is expected between load runs."),
+                    text_mode="value_and_name", steps=thresholds((None, "red"), (1, "green"))), 4, 4)
 
-    layout.row("Latency: client vs server",
-               "Is the latency users see spent inside vLLM (server) or before and around it (client minus server)?")
-    layout.add(client_vs_server("TTFT", "scenario:batchscope_client_ttft_seconds:histogram_quantile1m",
-                                "model:vllm_ttft_seconds:histogram_quantile1m",
-                                "Client: first token chunk minus send. Server: first token minus the API "
-                                "server's arrival."), 8)
-    layout.add(client_vs_server("TPOT", "scenario:batchscope_client_tpot_seconds:histogram_quantile1m",
-                                "model:vllm_tpot_seconds:histogram_quantile1m",
-                                "Per request: (E2E - TTFT) / (output tokens - 1) on both sides."), 8)
-    layout.add(client_vs_server("ITL", "scenario:batchscope_client_itl_seconds:histogram_quantile1m",
-                                "model:vllm_itl_seconds:histogram_quantile1m",
-                                "Client: every gap between token chunks. Server: one observation per engine step "
-                                "per decoding request."), 8)
 
-    layout.row("Throughput", "How many requests and tokens per second does this configuration complete?")
+def health_row(layout: Layout) -> None:
+    layout.row("Is it healthy: are requests served within their targets, without errors?")
+    layout.add(stat("Alerts firing", [target('count(ALERTS{alertstate="firing"}) or vector(0)', "firing")], "none",
+                    describe("Prometheus alerts firing now (0 when none).", "Prometheus' ALERTS series.",
+                             "open the alert's runbook link (docs/runbook.md) from the table beside."),
+                    steps=thresholds((None, "green"), (1, "red"))), 4)
+    layout.add(panel("table", "Firing alerts", [
+        instant_table('sum by (alertname, severity) (ALERTS{alertstate="firing"})')], "none",
+        describe("One row per firing alert (empty when none fires).", "Prometheus' ALERTS series.",
+                 "each alert's runbook section (docs/runbook.md) lists the first three things to check."),
+        transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}]), 8)
+    layout.add(timeseries("SLO attainment: share of requests within the TTFT / TPOT targets", [
+        target(f"model:vllm_ttft_slo:attainment1m{{{MODEL}}}", "server TTFT {{model_name}}"),
+        target(f"model:vllm_tpot_slo:attainment1m{{{MODEL}}}", "server TPOT {{model_name}}"),
+        target(f"scenario:batchscope_client_ttft_slo:attainment1m{{{SCENARIO}}}", "client TTFT {{scenario}}"),
+        target(f"scenario:batchscope_client_tpot_slo:attainment1m{{{SCENARIO}}}", "client TPOT {{scenario}}"),
+    ], "percentunit", describe(
+        "Share of the requests finished in the last minute whose TTFT (or TPOT) is within the target "
+        "(batchscope:slo_ttft_seconds, batchscope:slo_tpot_seconds, set in prometheus/rules); the objective is "
+        "0.99 (green line). Goodput per configuration is the tuner's (both targets per request).",
+        "server lines vLLM's histograms (TTFT from arrival at the API server), client lines the load "
+        "generator's (as vllm bench serve).",
+        "below 0.99, VllmTtftSloBurn / VllmTpotSloBurn follow: for TTFT look at the queue row below, for TPOT at "
+        "steps/s and the batch size (max_num_seqs)."), max_value=1, steps=ATTAINMENT_STEPS), 12)
+    layout.add(timeseries("Finished requests by reason", [
+        target(f"sum by (finished_reason) (model:vllm_requests_finished:rate1m{{{MODEL}}})", "{{finished_reason}}"),
+    ], "reqps", describe(
+        "Requests vLLM finished per second, stacked by finished_reason: stop (EOS or a stop string), length "
+        "(max_tokens or max_model_len), abort, error, repetition.",
+        "vLLM's (vllm:request_success_total; 0.32 counts no client disconnect as abort).",
+        "abort or error above a few % (VllmRequestErrorSpike): read vLLM's log; mostly length where stop was "
+        "expected: max_tokens or --max-model-len cut the answers."), stacked=True), 8)
+    layout.add(timeseries("HTTP error ratio", [
+        target("instance:batchscope_vllm_http_errors:ratio_rate1m", "server 5xx {{instance}}"),
+        target(f"scenario:batchscope_client_errors:ratio_rate1m{{{SCENARIO}}}", "client not ok {{scenario}}"),
+    ], "percentunit", describe(
+        "Share of requests failed over the last minute (red line: the error alerts' 5 %).",
+        "server = vLLM's API server, 5xx answers to /v1/* (http_requests_total); client = the load "
+        "generator's requests not ending ok (any outcome but ok).",
+        "server 5xx: vLLM's log has the exception (VllmRequestErrorSpike); client only: timeouts or the "
+        "network (BatchscopeClientErrorRate)."), max_value=1, steps=ERROR_STEPS), 8)
     layout.add(timeseries("Completion throughput", [
         target(f"scenario:batchscope_client_completions:rate1m{{{SCENARIO}}}", "client ok {{scenario}}"),
         target(f"model:vllm_request_success:rate1m{{{MODEL}}}", "server finished {{model_name}}"),
-    ], "reqps", "Requests finished per second: the client counts outcome ok, the server every finish but abort."),
-        12)
+    ], "reqps", describe(
+        "Requests finished per second.",
+        "client = the load generator's outcome ok; server = vLLM's finishes but abort.",
+        "flat while the load rises: the server is saturated, see the queue row; client below server: "
+        "the client lost answers (errors panel).")), 8)
     layout.add(timeseries("Tokens per second", [
         target(f"scenario:batchscope_client_output_tokens:rate1m{{{SCENARIO}}}", "client output {{scenario}}"),
         target(f"model:vllm_generation_tokens:rate1m{{{MODEL}}}", "server generated {{model_name}}"),
         target(f"model:vllm_prompt_tokens:rate1m{{{MODEL}}}", "server prompt {{model_name}}"),
-    ], "short", "Output tokens of finished requests (client) and tokens generated and prefilled (server).",
-        axis_label="tokens/s"), 12)
+    ], "short", describe(
+        "Output tokens of finished requests and tokens generated and prefilled.",
+        "client = usage.completion_tokens of finished requests; server = vLLM's generation and prompt tokens.",
+        "generated tokens at 0 with requests running: the engine is stalled (VllmEngineStalled)."),
+        axis_label="tokens/s"), 8)
+    steps = timeseries("Engine steps/s and mean step time", [
+        target(f"model:vllm_engine_steps:rate1m{{{MODEL}}}", "steps/s {{model_name}}"),
+        target(f"model:vllm_step_time_seconds:mean1m{{{MODEL}}}", "mean step time {{model_name}} (right)"),
+    ], "short", describe(
+        "Engine steps per second (left) and the mean time between two steps a decoding request sees (right).",
+        "vLLM's: steps = observations of vllm:iteration_tokens_total; step time = mean of "
+        "vllm:inter_token_latency_seconds (one per step per decoding request).",
+        "steps/s at 0 with work queued: the engine is hung (VllmEngineStalled); step time rising with the "
+        "batch: TPOT follows it, lower --max-num-seqs or --max-num-batched-tokens."), axis_label="steps/s")
+    layout.add(right_axis(steps, "B", "s"), 8)
+    layout.add(timeseries("API-server CPU", [
+        target(or_not_exposed("instance:batchscope_vllm_api_server_cpu:rate1m",
+                              "batchscope_vllm_process_cpu_seconds_total", "instance"), "{{instance}}"),
+    ], "short", describe(
+        "CPU cores vLLM's API server process uses (1 = one core all the time; red line 0.9).",
+        "vLLM's process_cpu_seconds_total of the API server (with --api-server-count > 1 it is not exposed).",
+        "near 1 its event loop is saturated and requests wait before vLLM's clock starts (VllmApiServerCpuSaturated):"
+        " --api-server-count, --stream-interval."), axis_label="cores", steps=thresholds((None, "green"), (0.9, "red")),
+        not_exposed=True), 8)
 
-    layout.row("Scheduler: where requests wait",
-               "Is the queue growing, and is max_num_seqs, the token budget or the KV cache the limit?")
+
+def waiting_row(layout: Layout) -> None:
+    layout.row("Where do requests wait: at admission, in the queue, or in prefill and decode?")
     layout.add(with_config_line(timeseries("Running vs waiting (red line: max_num_seqs)", [
         target(f"sum by (model_name) (vllm:num_requests_running{{{MODEL}}})", "running {{model_name}}"),
         target(f"sum by (model_name) (vllm:num_requests_waiting{{{MODEL}}})", "waiting {{model_name}}"),
         target(f"sum by (scenario) (batchscope_client_requests_in_flight{{{SCENARIO}}})",
                "client in flight {{scenario}}"),
-    ], "none", "In flight at the client minus running minus waiting = requests not yet inside the scheduler."),
-        "max_num_seqs"), 6)
-    layout.add(timeseries("KV cache usage", [
-        target(f"max by (model_name) (vllm:kv_cache_usage_perc{{{MODEL}}})", "{{model_name}}"),
-    ], "percentunit", "Share of KV blocks in use (1 = full); near 1 the scheduler preempts.", max_value=1), 6)
-    layout.add(timeseries("Prefix cache hit rate", [
-        target(f"sum by (model_name) (rate(vllm:prefix_cache_hits_total{{{MODEL}}}[$__rate_interval]))"
-               f" / sum by (model_name) (rate(vllm:prefix_cache_queries_total{{{MODEL}}}[$__rate_interval]))",
-               "{{model_name}}"),
-    ], "percentunit", "vLLM's definition: prompt tokens found in the prefix cache / prompt tokens looked up "
-                      "(vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total, rates). Hit tokens skip "
-                      "prefill; no line while nothing is looked up.", max_value=1), 6)
-    layout.add(timeseries("Preemptions /s", [
-        target(f"model:vllm_preemptions:rate1m{{{MODEL}}}", "{{model_name}}"),
-    ], "short", "Running requests evicted for lack of KV blocks; each is recomputed later.",
-        axis_label="preemptions/s"), 6)
+    ], "none", describe(
+        "Requests running in the batch and waiting in the scheduler's queue; client in flight minus both = "
+        "requests not yet inside the scheduler.",
+        "vLLM's gauges; in flight is the load generator's.",
+        "running at the red line with requests waiting and the KV cache low: max_num_seqs binds "
+        "(VllmAdmissionLimited), raise it.")), "max_num_seqs"), 8)
+    layout.add(timeseries("Waiting by reason", [
+        target(or_not_exposed(f"sum by (model_name, reason) (vllm:num_requests_waiting_by_reason{{{MODEL}}})",
+                              f"vllm:num_requests_waiting_by_reason{{{MODEL}}}"), "{{reason}} {{model_name}}"),
+    ], "none", describe(
+        "Waiting requests by why they wait: capacity (a batch slot, the token budget or KV room) or deferred "
+        "(LoRA slots, a KV transfer, a blocked request), stacked; 0.32 and later.",
+        "vLLM's vllm:num_requests_waiting_by_reason (the reasons sum to vllm:num_requests_waiting).",
+        "capacity: see running vs waiting and the KV cache; deferred: LoRA (--max-loras) or the KV connector."),
+        stacked=True, not_exposed=True), 8)
+    layout.add(timeseries("Queue time percentiles", [
+        target(f"model:vllm_queue_time_seconds:histogram_quantile1m{{{MODEL}}}", "p{{quantile}} {{model_name}}"),
+    ], "s", describe(
+        "p50, p90 and p99 of the time requests spent waiting to be scheduled, over the last minute.",
+        "vLLM's (vllm:request_queue_time_seconds: first scheduled minus queued; a preempted request's second "
+        "wait is not counted here).",
+        "p99 far above p50: bursts queue behind a full batch; all rising: capacity, see running vs waiting."),
+        axis_label="seconds"), 8)
+    breakdown = timeseries("Request time in vLLM: queue, prefill, decode (means, stacked)", [
+        target(f"model:vllm_queue_time_seconds:mean1m{{{MODEL}}}", "queue {{model_name}}"),
+        target(f"model:vllm_prefill_time_seconds:mean1m{{{MODEL}}}", "prefill {{model_name}}"),
+        target(f"model:vllm_decode_time_seconds:mean1m{{{MODEL}}}", "decode {{model_name}}"),
+        target(f"model:vllm_e2e_seconds:mean1m{{{MODEL}}}", "E2E {{model_name}}"),
+    ], "s", describe(
+        "Where a request's time in vLLM goes: queue (waiting to be scheduled), prefill (to the first token), "
+        "decode (to the last); the dashed line is the E2E mean (the parts plus tokenization before the queue).",
+        "vLLM's (vllm:request_queue_time / prefill_time / decode_time / e2e_request_latency, means over 1 m).",
+        "queue dominant: admission (max_num_seqs, KV cache); prefill: long prompts or a small "
+        "--max-num-batched-tokens; decode: large batches or preemptions."), stacked=True)
+    layout.add(total_as_dashed_line(breakdown, "D"), 12)
     decomposition = timeseries("TTFT decomposition (means, stacked)", [
         target(f"model:vllm_queue_time_seconds:mean1m{{{MODEL}}}", "scheduler queue {{model_name}}"),
         target(f"model:vllm_prefill_time_seconds:mean1m{{{MODEL}}}", "prefill {{model_name}}"),
         target("instance:batchscope_ttft_gap_seconds:mean1m", "outside the scheduler (client - server TTFT)"),
         target(f"scenario:batchscope_client_ttft_seconds:mean1m{{{SCENARIO}}}", "client TTFT {{scenario}}"),
-    ], "s", "Queue (arrival in the scheduler to first scheduled) + prefill (to first token) + the client-server "
-            "gap (network, API wrapper, tokenization, load generator); the dashed line is the client mean TTFT.",
-        stacked=True)
-    # The client mean is the total the stack should reach, so it is drawn as a line on top, not stacked.
-    decomposition["fieldConfig"]["overrides"] = [{
-        "matcher": {"id": "byFrameRefID", "options": "D"},
+    ], "s", describe(
+        "Queue (arrival in the scheduler to first scheduled) + prefill (to first token) + the client-server gap "
+        "(network, API wrapper, tokenization, load generator); the dashed line is the client mean TTFT.",
+        "queue and prefill vLLM's, the gap client minus vLLM's TTFT, the total the client's.",
+        "the gap dominant: the API server or the client (API-server CPU, load generator saturated); else the "
+        "largest part says which knob."), stacked=True)
+    layout.add(total_as_dashed_line(decomposition, "D"), 12)
+
+
+def total_as_dashed_line(body: dict, ref_id: str) -> dict:
+    """The total a stack should reach is drawn as a dashed line on top, not stacked."""
+    body["fieldConfig"]["overrides"].append({
+        "matcher": {"id": "byFrameRefID", "options": ref_id},
         "properties": [{"id": "custom.stacking", "value": {"mode": "none", "group": "A"}},
                        {"id": "custom.fillOpacity", "value": 0},
                        {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}],
-    }]
-    layout.add(decomposition, 10)
-    layout.add(stat("Load generator saturated", [
-        target(f"max(batchscope_client_saturated{{{SCENARIO}}})", "saturated")], "none",
-        "1 when the load generator is itself the bottleneck (a sender's CPU >= 90% of its core, or its dispatch "
-        "or read lag above 5 ms): the client - server TTFT gap then includes the client's own delay, not "
-        "only the network's and the API server's. Rerun with more processes (`--workers N`)."), 4)
+    })
+    return body
+
+
+def why_row(layout: Layout) -> None:
+    layout.row("Why: is the batch, the KV cache or preemption the limit?")
     layout.add(with_config_line(timeseries("Tokens per step (red line: max_num_batched_tokens)", [
         target(f"model:vllm_iteration_tokens:mean1m{{{MODEL}}}", "mean tokens per step {{model_name}}"),
-    ], "none", "Prompt + generation tokens of an engine step, against the step budget max_num_batched_tokens.",
-        axis_label="tokens"), "max_num_batched_tokens"), 10)
+    ], "none", describe(
+        "Prompt + generation tokens of an engine step, against the step budget max_num_batched_tokens.",
+        "vLLM's (vllm:iteration_tokens_total, prompt tokens counted in the step of the first token).",
+        "at the red line with long prompts waiting: raise --max-num-batched-tokens; far below it with requests "
+        "waiting: the batch (max_num_seqs) or the KV cache binds."), axis_label="tokens"),
+        "max_num_batched_tokens"), 8)
+    layout.add(timeseries("KV cache usage", [
+        target(f"max by (model_name) (vllm:kv_cache_usage_perc{{{MODEL}}})", "{{model_name}}"),
+    ], "percentunit", describe(
+        "Share of KV blocks in use, the fullest engine (1 = full; orange line 0.9).",
+        "vLLM's vllm:kv_cache_usage_perc (gpu_cache_usage_perc before 0.10, mapped by the exporter).",
+        "near 1 with preemptions: raise --gpu-memory-utilization (never lower it for preemptions) or lower "
+        "--max-num-seqs; low with requests waiting: max_num_seqs binds."), max_value=1,
+        steps=thresholds((None, "green"), (0.9, "orange"))), 8)
+    layout.add(timeseries("Prefix cache hit rate", [
+        target(f"sum by (model_name) (rate(vllm:prefix_cache_hits_total{{{MODEL}}}[$__rate_interval]))"
+               f" / sum by (model_name) (rate(vllm:prefix_cache_queries_total{{{MODEL}}}[$__rate_interval]))",
+               "{{model_name}}"),
+    ], "percentunit", describe(
+        "Prompt tokens found in the prefix cache / prompt tokens looked up; hit tokens skip prefill. No line "
+        "while nothing is looked up.",
+        "vLLM's (vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total, rates).",
+        "lower than the workload's shared prefixes suggest: the cache evicts them (KV usage near 1), or "
+        "prefix caching is off."), max_value=1), 8)
+    layout.add(timeseries("Preemptions /s", [
+        target(f"model:vllm_preemptions:rate1m{{{MODEL}}}", "{{model_name}}"),
+    ], "short", describe(
+        "Running requests evicted for lack of KV blocks per second; each is recomputed later (red line: the "
+        "alert's 0.1/s).",
+        "vLLM's vllm:num_preemptions_total.",
+        "above 0 for long (VllmPreemptionSpike): raise --gpu-memory-utilization or lower --max-num-seqs; lowering "
+        "gpu_memory_utilization makes it worse."), axis_label="preemptions/s",
+        steps=thresholds((None, "green"), (0.1, "red"))), 8)
+    layout.add(timeseries("Preemptions per request", [
+        target(or_not_exposed(f"model:vllm_request_preemptions:mean1m{{{MODEL}}}",
+                              f"vllm:request_num_preemptions_count{{{MODEL}}}"), "mean {{model_name}}"),
+        target(f"model:vllm_request_preemptions:histogram_quantile1m{{{MODEL}}}", "p99 {{model_name}}"),
+    ], "short", describe(
+        "How often the requests finished in the last minute were preempted: mean and p99 (0.30 and later).",
+        "vLLM's vllm:request_num_preemptions (one observation per finished request, 0 included).",
+        "p99 above 1: some requests are recomputed again and again and their latency explodes; give the "
+        "cache room (--gpu-memory-utilization up, --max-num-seqs down)."), not_exposed=True), 8)
+    layout.add(timeseries("Recomputed prompt tokens /s", [
+        target(or_not_exposed(f"model:vllm_recomputed_prompt_tokens:rate1m{{{MODEL}}}",
+                              f"vllm:prompt_tokens_by_source_total{{{MODEL}}}"), "{{model_name}}"),
+        target(f"sum by (model_name) (rate(vllm:prompt_tokens_by_source_total{{{MODEL}, source=\"local_compute\"}}"
+               f"[$__rate_interval]))", "prompt tokens computed at first admission {{model_name}}"),
+    ], "short", describe(
+        "Tokens preempted requests had to prefill again per second, beside the prompt tokens computed once; an "
+        "estimate (looked up minus found in the prefix cache, minus first admissions), needs prefix caching.",
+        "vLLM's counters (vllm:prefix_cache_queries/hits, vllm:prompt_tokens_by_source, 0.2x and later).",
+        "a large share of the computed prompt tokens: preemption wastes the GPU on recomputation, see "
+        "Preemptions /s."), axis_label="tokens/s", not_exposed=True), 8)
+    layout.add(heatmap("Prompt lengths (what the load sent)",
+                       f"sum by (le) (increase(vllm:request_prompt_tokens_bucket{{{MODEL}}}[$__rate_interval]))",
+                       "short", describe(
+                           "Prompt tokens per finished request, as a heatmap over time (buckets 1-2-5 up to "
+                           "max_model_len).",
+                           "vLLM's vllm:request_prompt_tokens (what the server tokenized, not what the spec "
+                           "asked for).",
+                           "other than the workload spec says: the prompts are tokenized differently (chat "
+                           "template, tokenizer); near max_model_len: requests are cut or refused.")), 12)
+    layout.add(heatmap("Output lengths (what was generated)",
+                       f"sum by (le) (increase(vllm:request_generation_tokens_bucket{{{MODEL}}}[$__rate_interval]))",
+                       "short", describe(
+                           "Generated tokens per finished request, as a heatmap over time.",
+                           "vLLM's vllm:request_generation_tokens.",
+                           "shorter than max_tokens without ignore_eos: EOS ends answers early (Finished by "
+                           "reason shows stop), so TPOT and throughput are measured on shorter outputs.")), 12)
 
-    layout.row("Errors and alerts", "Are requests failing, and is any alert firing?")
+
+def client_row(layout: Layout) -> None:
+    layout.row("What does the client see: latency client vs server, its distribution and the client's errors?")
+    layout.add(client_vs_server("TTFT", "scenario:batchscope_client_ttft_seconds:histogram_quantile1m",
+                                "model:vllm_ttft_seconds:histogram_quantile1m", describe(
+                                    "p50 and p99 of the time to first token, client and server on one axis.",
+                                    "client = first token chunk minus send (vllm bench serve); server = vLLM's "
+                                    "first token minus the API server's arrival.",
+                                    "the client far above the server: time outside vLLM (BatchscopeTtftGapHigh);"
+                                    " both high: the queue row says why.")), 6)
+    layout.add(client_vs_server("TPOT", "scenario:batchscope_client_tpot_seconds:histogram_quantile1m",
+                                "model:vllm_tpot_seconds:histogram_quantile1m", describe(
+                                    "p50 and p99 of the time per output token after the first.",
+                                    "per request (E2E - TTFT) / (output tokens - 1), the client's as vllm bench "
+                                    "serve, the server's vLLM's.",
+                                    "high: large batches make steps slow (steps/s panel), or preemptions.")), 6)
+    layout.add(client_vs_server("ITL", "scenario:batchscope_client_itl_seconds:histogram_quantile1m",
+                                "model:vllm_itl_seconds:histogram_quantile1m", describe(
+                                    "p50 and p99 of the gap between tokens.",
+                                    "client = every gap between token chunks; server = vLLM's, one per engine "
+                                    "step per decoding request.",
+                                    "p99 far above p50: prefill chunks or preemptions interrupt decoding.")), 6)
+    layout.add(client_vs_server("E2E", "scenario:batchscope_client_e2e_seconds:histogram_quantile1m",
+                                "model:vllm_e2e_seconds:histogram_quantile1m", describe(
+                                    "p50 and p99 of the whole request.",
+                                    "client = last token chunk minus send; server = vLLM's finish minus arrival.",
+                                    "high with TTFT normal: long outputs or slow decoding (TPOT); both high: "
+                                    "the queue.")), 6)
+    for title, family, what in (
+            ("TTFT distribution", "vllm:time_to_first_token_seconds", "time to first token"),
+            ("ITL distribution", "vllm:inter_token_latency_seconds", "inter-token latency"),
+            ("E2E distribution", "vllm:e2e_request_latency_seconds", "end-to-end latency")):
+        layout.add(heatmap(title, f"sum by (le) (increase({family}_bucket{{{MODEL}}}[$__rate_interval]))", "s",
+                           describe(f"vLLM's {what} histogram as a heatmap over time: each column is the requests "
+                                    "(or steps) of one interval by bucket.",
+                                    f"vLLM's {family}.",
+                                    "two bands: two kinds of requests (cache hits, preempted ones) or a queue "
+                                    "that comes and goes; a band creeping up: load past capacity.")), 8)
     layout.add(timeseries("Client errors by outcome", [
         target(f'sum by (outcome) (scenario:batchscope_client_requests:rate1m{{{SCENARIO}, outcome!="ok"}})',
                "{{outcome}}"),
-    ], "reqps", "Finished requests per second that did not end ok, by outcome."), 12)
-    layout.add(stat("Alerts firing", [target('count(ALERTS{alertstate="firing"}) or vector(0)', "firing")], "none",
-                    "Prometheus alerts firing now (0 when none)."), 4)
-    layout.add(panel("table", "Firing alerts", [
-        instant_table('sum by (alertname, severity) (ALERTS{alertstate="firing"})')], "none",
-        "One row per firing alert (empty when none fires).",
-        transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}]), 8)
+    ], "reqps", describe(
+        "Finished requests per second that did not end ok, by outcome (http_error, timeout, ...).",
+        "the client's (the load generator's outcomes).",
+        "http_error: the server's 5xx (HTTP error ratio); timeout: the server is too slow for the client's "
+        "timeout; connection_error: it is down.")), 16)
+    layout.add(stat("Load generator saturated", [
+        target(f"max(batchscope_client_saturated{{{SCENARIO}}})", "saturated")], "none", describe(
+        "1 when the load generator is itself the bottleneck (a sender's CPU >= 90% of its core, or its dispatch "
+        "or read lag above 5 ms): the client - server TTFT gap then includes the client's own delay.",
+        "the client's (the load generator's own measurement).",
+        "rerun with more processes (`--workers N`)."), steps=thresholds((None, "green"), (1, "red"))), 8)
 
+
+def overview() -> dict:
+    layout = Layout()
+    configuration_row(layout)
+    health_row(layout)
+    waiting_row(layout)
+    why_row(layout)
+    client_row(layout)
     return dashboard("batchscope-overview", "vLLM batching — overview",
-                     "Where the waiting happens and what the last configuration change did.", layout.panels)
+                     "Is it healthy, where the waiting happens, why, and what the client sees.", layout.panels)

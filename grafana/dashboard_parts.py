@@ -21,6 +21,11 @@ CONFIG_BY = ", ".join(CONFIG_LABELS)
 QUOTED_OK = '"ok"'
 QUANTILES = 'quantile=~"0.5|0.99"'  # two of the three recorded quantiles keep client-vs-server panels readable
 
+# A panel whose family only newer vLLM releases expose shows this instead of an empty graph: the query ends in
+# `or` an absent() series of value -1 (a value no count, rate or share takes), mapped to this text.
+NOT_EXPOSED = "not exposed by this vLLM"
+NOT_EXPOSED_VALUE = -1
+
 
 # --- building blocks -------------------------------------------------------------------------------------------
 
@@ -38,6 +43,29 @@ def instant(expr: str, legend: str = "", **extra) -> dict:
 def instant_table(expr: str, **extra) -> dict:
     """An instant query returned as a table: labels become columns, the value becomes `Value #<refId>`."""
     return instant(expr, format="table", **extra)
+
+
+def describe(shows: str, definition: str, when_bad: str) -> str:
+    """A panel's description: what it shows, whose definition it uses (vLLM's or the client's) and what to do when
+    it looks bad, in that order and with these words, so every panel reads the same way (the tests check)."""
+    return f"{shows} Definition: {definition} When it looks bad: {when_bad}"
+
+
+def or_not_exposed(expr: str, family: str, legend_label: str = "model_name") -> str:
+    """``expr``, or where the server exposes no ``family`` at all (an older vLLM) one series of value -1 whose
+    ``legend_label`` reads NOT_EXPOSED, so the legend and the value mapping say why the graph is empty."""
+    missing = f"absent({family}) * {NOT_EXPOSED_VALUE}"
+    return f'({expr}) or on () label_replace({missing}, "{legend_label}", "{NOT_EXPOSED}", "", "")'
+
+
+def not_exposed_mapping() -> list[dict]:
+    """The value mapping that prints NOT_EXPOSED for the absent() series of or_not_exposed()."""
+    return [{"type": "value", "options": {str(NOT_EXPOSED_VALUE): {"text": NOT_EXPOSED, "index": 0}}}]
+
+
+def thresholds(*steps: tuple[float | None, str]) -> dict:
+    """Grafana's absolute thresholds: (from value, colour) pairs, the first from None (-Infinity)."""
+    return {"mode": "absolute", "steps": [{"value": value, "color": colour} for value, colour in steps]}
 
 
 def panel(kind: str, title: str, targets: list[dict], unit: str, description: str = "", **fields) -> dict:
@@ -62,31 +90,61 @@ def panel(kind: str, title: str, targets: list[dict], unit: str, description: st
 
 
 def timeseries(title: str, targets: list[dict], unit: str, description: str = "", *, stacked: bool = False,
-               axis_label: str = "", min_value: float | None = 0, max_value: float | None = None) -> dict:
+               axis_label: str = "", min_value: float | None = 0, max_value: float | None = None,
+               steps: dict | None = None, not_exposed: bool = False) -> dict:
+    """A time series panel; ``steps`` (thresholds()) are drawn as dashed lines, ``not_exposed`` maps
+    or_not_exposed()'s series to its text (and the panel's no-data text says the same)."""
     custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10 if stacked else 0, "showPoints": "never",
               "axisLabel": axis_label, "stacking": {"mode": "normal" if stacked else "none", "group": "A"},
-              "thresholdsStyle": {"mode": "off"}}
+              "thresholdsStyle": {"mode": "dashed" if steps else "off"}}
     defaults: dict[str, Any] = {"unit": unit, "color": {"mode": "palette-classic"}, "custom": custom}
     if min_value is not None:
         defaults["min"] = min_value
     if max_value is not None:
         defaults["max"] = max_value
+    if steps:
+        defaults["thresholds"] = steps
+    if not_exposed:
+        defaults["mappings"] = not_exposed_mapping()
+        defaults["noValue"] = f"no data (or {NOT_EXPOSED})"
     return panel("timeseries", title, targets, unit, description,
                  fieldConfig={"defaults": defaults, "overrides": []},
                  options={"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
                           "tooltip": {"mode": "multi", "sort": "desc"}})
 
 
-def stat(title: str, targets: list[dict], unit: str, description: str = "", *, text_mode: str = "value") -> dict:
-    return panel("stat", title, targets, unit, description,
+def stat(title: str, targets: list[dict], unit: str, description: str = "", *, text_mode: str = "value",
+         steps: dict | None = None) -> dict:
+    """One number per series; with ``steps`` (thresholds()) its background takes the threshold's colour."""
+    body = panel("stat", title, targets, unit, description,
                  options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                          "textMode": text_mode, "colorMode": "none", "graphMode": "none"})
+                          "textMode": text_mode, "colorMode": "background" if steps else "none", "graphMode": "none"})
+    if steps:
+        body["fieldConfig"]["defaults"]["thresholds"] = steps
+    return body
+
+
+def heatmap(title: str, expr: str, unit: str, description: str) -> dict:
+    """A histogram's buckets over time: ``expr`` gives one series per `le` (increase per interval), drawn as
+    Grafana's heatmap of pre-bucketed data (no recalculation), the y axis in ``unit``."""
+    return panel("heatmap", title, [target(expr, "{{le}}", format="heatmap")], unit, description,
+                 options={"calculate": False, "cellGap": 1, "showValue": "never",
+                          "color": {"mode": "scheme", "scheme": "Oranges", "scale": "exponential", "exponent": 0.5,
+                                    "fill": "dark-orange", "reverse": False, "steps": 64},
+                          "yAxis": {"axisPlacement": "left", "unit": unit, "reverse": False},
+                          "rowsFrame": {"layout": "le"}, "filterValues": {"le": 1e-9},
+                          "tooltip": {"show": True, "yHistogram": True}, "legend": {"show": True}})
 
 
 def config_label_stat(label: str) -> dict:
     """The value of one label of the info metric, shown as the series name (a label is text, not a number)."""
-    return stat(label, [instant(CONFIG_INFO, f"{{{{{label}}}}}")],
-                "none", f"--{label.replace('_', '-')} of the vLLM server in force now.", text_mode="name")
+    flag = f"--{label.replace('_', '-')}"
+    return stat(label, [instant(CONFIG_INFO, f"{{{{{label}}}}}")], "none",
+                describe(f"{flag} of the vLLM server in force now.",
+                         "vLLM's flag, as the exporter reads it (docker command line, the given `vllm serve` "
+                         "command, then what vLLM exposes).",
+                         "empty: the exporter does not know it; give it --vllm-command or --vllm-command-file "
+                         "(the alerts that compare against it stay silent meanwhile)."), text_mode="name")
 
 
 def with_config_line(body: dict, label: str, applies_to: str = "A") -> dict:
@@ -126,10 +184,10 @@ class Layout:
         self._y = 0
         self._row_height = 0
 
-    def row(self, title: str, question: str) -> None:
+    def row(self, question: str) -> None:
+        """A row headed by the question its panels answer (a row has a title only in Grafana's schema)."""
         self._newline()
-        self._place({"type": "row", "title": title, "description": question, "collapsed": False, "panels": []},
-                    24, 1)
+        self._place({"type": "row", "title": question, "collapsed": False, "panels": []}, 24, 1)
         self._newline()
 
     def add(self, body: dict, width: int, height: int = 8) -> None:

@@ -1,7 +1,12 @@
 """Offline checks of the generated dashboards and the provisioning files (there is no Grafana to load them).
 
-The rules dashboard-linter would enforce, reimplemented: units set, one datasource uid, `$__rate_interval` in
-every rate, valid PromQL, and every metric a name the project records or exports.
+Grafana's own schema, pinned: every dashboard is read into grafana-foundation-sdk's models (generated from
+Grafana's schemas, the panel plugins' options and field configs included) and written back; a key the schema
+does not know is dropped and an invalid enum value raises, so the round trip must give the JSON back. The rules
+dashboard-linter would enforce, reimplemented: units set (and Grafana's), one datasource uid, `$__rate_interval`
+in every rate, valid PromQL, and every metric a name the project records or exports. Every panel's description
+says whose definition it uses and what to do when it looks bad; a panel of a newer vLLM family says "not exposed
+by this vLLM" instead of an empty graph.
 
 Range rule: `rate`/`irate`/`increase` always take `[$__rate_interval]`; a window over the whole dashboard range
 is a subquery `[$__range:$__interval]` around them (never `rate(x[$__range])`, which would blur the
@@ -19,6 +24,10 @@ from pathlib import Path
 import promql_parser
 import pytest
 import yaml
+from grafana_foundation_sdk.cog import plugins
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import units
+from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from batchscope.vllm_catalogue import CATALOGUE
 from tests.grafana.dashboard_queries import DASHBOARD_DIR, dashboard_queries, substitute
@@ -35,9 +44,16 @@ SENTINELS = {"rate_interval": "7m7s", "range_": "9m9s", "interval": "11s"}
 
 # Where each exported family is defined (vLLM's in batchscope.vllm_catalogue); prometheus_client adds these
 # suffixes to counters and histograms.
-METRIC_SOURCES = ["loadgen/metrics.py", "exporter/collector.py"]
+METRIC_SOURCES = ["loadgen/metrics.py", "exporter/collector.py", "exporter/families.py"]
 SAMPLE_SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
 PROMETHEUS_BUILTINS = {"ALERTS", "ALERTS_FOR_STATE", "up"}
+# Keys Grafana reads that the SDK's models leave out: a Prometheus annotation's own fields (the datasource plugin
+# reads them, the dashboard schema does not model them), the built-in annotation's marker, a variable's
+# `definition` (the query editor's text)
+OUTSIDE_SCHEMA = {"annotations": {"builtIn", "step", "tagKeys", "textFormat", "titleFormat", "useValueForTime"},
+                  "templating": {"definition"}}
+GRAFANA_UNITS = {value for name, value in vars(units).items() if not name.startswith("_") and isinstance(value, str)}
+NOT_EXPOSED = "not exposed by this vLLM"
 
 
 def _load_generator(monkeypatch):
@@ -113,9 +129,74 @@ def test_every_data_panel_has_a_unit(name):
 
 
 @pytest.mark.parametrize("name", DASHBOARDS)
-def test_every_row_says_what_question_it_answers(name):
+def test_every_row_is_the_question_it_answers(name):
     rows = [panel for panel in DASHBOARDS[name]["panels"] if panel["type"] == "row"]
-    assert rows and all(row["description"].endswith("?") for row in rows)
+    assert rows and all(row["title"].endswith("?") for row in rows)
+
+
+def test_overview_rows_read_from_health_to_waiting_to_why_to_the_client():
+    rows = [panel["title"] for panel in DASHBOARDS["overview"]["panels"] if panel["type"] == "row"]
+    assert [row.split(":")[0].split(" ")[0:2] for row in rows] == [
+        ["Which", "vLLM"], ["Is", "it"], ["Where", "do"], ["Why"], ["What", "does"]]
+
+
+def _dropped(original, written, path: tuple[str, ...] = ()) -> list[str]:
+    """Every key of ``original`` that ``written`` lacks or changed, as a path."""
+    if isinstance(original, dict) and isinstance(written, dict):
+        return [found for key, value in original.items()
+                for found in ([f"{'/'.join(path)}/{key}"] if key not in written
+                              else _dropped(value, written[key], (*path, key)))]
+    if isinstance(original, list) and isinstance(written, list) and len(original) == len(written):
+        return [found for index, (a, b) in enumerate(zip(original, written, strict=True))
+                for found in _dropped(a, b, (*path, str(index)))]
+    return [] if original == written else [f"{'/'.join(path)} changed"]
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_dashboard_is_valid_against_grafanas_schema(name):
+    plugins.register_default_plugins()
+    dashboard = DASHBOARDS[name]
+    written = json.loads(json.dumps(Dashboard.from_json(dashboard), cls=JSONEncoder))
+    outside = [path for path in _dropped(dashboard, written)
+               if path.split("/")[-1] not in OUTSIDE_SCHEMA.get(path.split("/")[0], set())]
+    assert not outside, f"not in Grafana's schema (or changed by it): {outside}"
+    kinds = {panel["type"] for panel in dashboard["panels"]} - {"row"}
+    assert kinds <= {"timeseries", "stat", "table", "heatmap"}, kinds  # each has its plugin model in the SDK
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_units_are_grafanas(name):
+    for panel in _data_panels(DASHBOARDS[name]):
+        found = [panel["fieldConfig"]["defaults"]["unit"], panel.get("options", {}).get("yAxis", {}).get("unit")]
+        found += [p["value"] for o in panel["fieldConfig"]["overrides"] for p in o["properties"] if p["id"] == "unit"]
+        assert {unit for unit in found if unit} <= GRAFANA_UNITS, panel["title"]
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_every_panel_says_whose_definition_and_what_to_do_when_bad(name):
+    for panel in _data_panels(DASHBOARDS[name]):
+        description = panel["description"]
+        definition = description.partition(" Definition: ")[2].partition(" When it looks bad: ")
+        assert definition[1] and definition[2], f"{panel['title']}: no 'Definition: ... When it looks bad: ...'"
+        assert re.search(r"vLLM's|client|exporter's|Prometheus'", definition[0]), panel["title"]
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_newer_families_say_not_exposed_rather_than_draw_nothing(name):
+    """A query with an absent() fallback labels it NOT_EXPOSED and its panel maps the fallback's -1 to that text."""
+    for panel in _data_panels(DASHBOARDS[name]):
+        fallbacks = [t["expr"] for t in panel["targets"] if "absent(" in t["expr"]]
+        for expr in fallbacks:
+            assert f'"{NOT_EXPOSED}"' in expr and "* -1" in expr, panel["title"]
+        if fallbacks:
+            defaults = panel["fieldConfig"]["defaults"]
+            assert defaults["mappings"] == [{"type": "value", "options": {"-1": {"text": NOT_EXPOSED, "index": 0}}}]
+            assert NOT_EXPOSED in defaults["noValue"]
+    titles = {p["title"] for d in DASHBOARDS.values() for p in _data_panels(d)
+              if any("absent(" in t["expr"] for t in p["targets"])}
+    if name == "overview":
+        assert {"Waiting by reason", "Preemptions per request", "Recomputed prompt tokens /s",
+                "API-server CPU"} <= titles
 
 
 @pytest.mark.parametrize("name", DASHBOARDS)
