@@ -41,7 +41,7 @@ from tuner.report_text import (
 from tuner.results import PLAN_FILE, load_results, write_atomically
 
 CSV_COLUMNS = ("setting", "metric", "unit", "baseline", "value", "delta", "ci_low", "ci_high", "significant",
-               "relative", "ci_method")
+               "relative", "ci_method", "evidence")
 
 
 def write_report(plan_dir: Path) -> list[Path]:
@@ -148,11 +148,12 @@ def render_csv(c: Comparison) -> str:
             value = base.values.get(metric.key)
             zero = None if value is None else 0.0
             writer.writerow([BASELINE, metric.key, metric.unit, fmt(value), fmt(value), fmt(zero), "", "", "",
-                             fmt(zero), "n/a"])
+                             fmt(zero), "n/a", "n/a"])
     for v in c.variations:
         for m in v.metrics:
             writer.writerow([v.setting, m.metric, m.unit, fmt(m.baseline), fmt(m.value), fmt(m.delta),
-                             fmt(m.ci_low), fmt(m.ci_high), fmt(m.significant), fmt(m.relative), m.method])
+                             fmt(m.ci_low), fmt(m.ci_high), fmt(m.significant), fmt(m.relative), m.method,
+                             m.evidence])
     return buffer.getvalue()
 
 
