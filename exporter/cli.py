@@ -25,7 +25,8 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry
 
 from batchscope import exits, listen
-from exporter.changes import ChangeTracker, GrafanaAnnotator
+from batchscope.grafana_annotations import GrafanaAnnotator
+from exporter.changes import ChangeTracker
 from exporter.collector import BatchscopeCollector, ExporterSources
 from exporter.config import parse_command
 from exporter.docker_source import DockerSource
@@ -172,7 +173,7 @@ def build_collector(args: argparse.Namespace) -> BatchscopeCollector:
     annotator = None
     if args.grafana_url:
         auth = (args.grafana_user, args.grafana_password or "") if args.grafana_user else None
-        annotator = GrafanaAnnotator(args.grafana_url, token=args.grafana_token, basic_auth=auth)
+        annotator = GrafanaAnnotator(args.grafana_url, token=args.grafana_token, basic_auth=auth, log=log)
     sources = ExporterSources(
         vllm_url=args.vllm_url.rstrip("/"), loadgen_url=args.loadgen_url.rstrip("/") if args.loadgen_url else None,
         vllm_api_key=args.vllm_api_key, vllm_command=args.vllm_command,

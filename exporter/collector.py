@@ -26,13 +26,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from batchscope.bounded_read import JSON_MAX_BYTES, FetchTimeout
+from batchscope.bounded_read import JSON_MAX_BYTES, METRICS_MAX_BYTES, FetchTimeout, fetch
 from batchscope.live_run import LiveFileError, LiveRun, read_live_file
 from exporter import families
 from exporter.changes import ChangeTracker
 from exporter.config import ServingConfig, from_exposed, parse_command
 from exporter.docker_source import ContainerView, DockerSource
-from exporter.fetch import METRICS_MAX_BYTES, Workers, fetch
+from exporter.fetch import Workers
 from exporter.health import REASONS, DownCause, DownReporter, down_cause
 
 log = logging.getLogger("batchscope.exporter")

@@ -14,56 +14,29 @@ Caps. The largest real vLLM /metrics: one engine of vLLM 0.32 serves ~54 KB (445
 data-parallel engine; bench/exporter_scrape.py renders ~35 KB per engine, so 64 engines, its maximum, are
 2.2 MB and ~20,000 series. METRICS_MAX_BYTES, 16 MiB, is 7x that and keeps the exporter's memory bounded (a body
 at the cap costs about twice its size while it is decoded). vLLM's /v1/models and /version are a few hundred
-bytes: JSON_MAX_BYTES is 1 MiB.
+bytes: JSON_MAX_BYTES is 1 MiB. The fetch itself (batchscope.bounded_read.fetch) is shared with the tuner.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
 import requests
-import urllib3.exceptions
 
-from batchscope.bounded_read import ERROR_MAX_BYTES, Body, BodyTooLarge, FetchTimeout, read_body
+from batchscope.bounded_read import FetchTimeout
 
-METRICS_MAX_BYTES = 16 << 20
 MAX_REDIRECTS = 5  # requests' 30 would let a redirect loop keep a worker 30 socket timeouts past its deadline
 M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES = -3, 128 << 10  # glibc's mallopt parameter (malloc.h) and its default
 WORKERS = 8  # one job per key: a scrape's five (two /metrics, two JSON, docker), plus stuck ones of changed URLs
 T = TypeVar("T")
-
-
-def fetch(session: requests.Session, url: str, *, deadline: float, max_bytes: int,
-          headers: Mapping[str, str] | None = None) -> Body:
-    """GET ``url``: the whole body by ``deadline`` (time.monotonic) and at most ``max_bytes``, else FetchTimeout
-    or BodyTooLarge; an HTTP error status is requests.HTTPError. Anything failing once the deadline has passed
-    (a socket read timed out, a connection closed meanwhile) is a FetchTimeout."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:  # queued behind stuck jobs until too late
-        raise FetchTimeout
-    try:
-        # each socket operation waits at most what was left at the start: a worker overruns its deadline by at
-        # most one read (the caller does not wait for it)
-        with session.get(url, headers=headers, stream=True, timeout=(remaining, remaining)) as reply:
-            if not reply.ok:
-                # its few words are read, so the connection stays open for the next scrape
-                with contextlib.suppress(BodyTooLarge):
-                    read_body(reply, deadline, ERROR_MAX_BYTES)
-                reply.raise_for_status()
-            return Body(read_body(reply, deadline, max_bytes), reply.headers.get("Content-Type", ""))
-    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
-        if time.monotonic() >= deadline:
-            raise FetchTimeout from exc
-        raise
 
 
 def pin_mmap_threshold() -> bool:

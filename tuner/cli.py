@@ -20,11 +20,13 @@ from pathlib import Path
 from batchscope import exits
 from tuner.mlperf import FOLDER_PREFIX, ServerRules
 from tuner.plan import Plan, PlanError, load_plan
+from tuner.planned import plan_runs
 from tuner.progress import Progress
 from tuner.report_scenarios import scenario_dirs
 from tuner.results import PLAN_FILE, CannotWrite, check_writable, load_results
-from tuner.runner import Interrupted, StopOnSignal, nothing_compared, plan_runs, run_plan
+from tuner.runner import nothing_compared, run_plan
 from tuner.scenarios import SCENARIOS, describe, nothing_measured, run_scenario
+from tuner.stopping import Interrupted, StopOnSignal
 
 WHAT_IF_SUFFIX = ".what-if"  # what-if results sit beside the real-time ones, never mixed with them
 

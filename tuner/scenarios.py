@@ -11,7 +11,7 @@ folder per point, <setting>/rate-<rps>/ or <setting>/offline/, holding that run'
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,13 +32,17 @@ from tuner.mlperf import (
     poisson_plan,
     search_server,
 )
+from tuner.observers import grafana_annotator
+from tuner.one_run import run_one
 from tuner.plan import BASELINE, Plan, ServingParams
+from tuner.planned import PlannedRun
 from tuner.progress import Progress
 from tuner.results import RUN_FILE, RunResult, write_atomically
-from tuner.runner import PlannedRun, run_one, what_if_run
+from tuner.runner import ANNOTATIONS_DRAIN_S, what_if_run
 from tuner.signals import MetricsPoint, read_summary
 
 if TYPE_CHECKING:
+    from batchscope.grafana_annotations import GrafanaAnnotator
     from simulator.engine import EngineCore, Step
 
 SCENARIOS = ("server", "offline")
@@ -51,15 +55,26 @@ def run_scenario(plan: Plan, plan_dir: Path, scenario: str, *, what_if: bool, li
                  rules: ServerRules | None = None) -> list[ScenarioResult]:
     """Run ``scenario`` for every setting of the plan; return (and save) one result per setting."""
     server = None if what_if else make_server(plan.backend)
-    out_dir = plan_dir / f"{FOLDER_PREFIX}{scenario}"
+    annotator = None if what_if else grafana_annotator(plan)
+    try:
+        return _run_settings(plan, plan_dir / f"{FOLDER_PREFIX}{scenario}", scenario, start_rps, offline_requests,
+                             _Points(plan, "", plan.baseline, plan_dir, server, progress, live_file,
+                                     rules or ServerRules(), annotator))
+    finally:
+        if annotator is not None:
+            annotator.close(ANNOTATIONS_DRAIN_S)
+
+
+def _run_settings(plan: Plan, out_dir: Path, scenario: str, start_rps: float, offline_requests: int,
+                  template: _Points) -> list[ScenarioResult]:
     results: list[ScenarioResult] = []
     for index, (setting, params) in enumerate(plan.settings(), start=1):
-        progress.begin(index, f"{scenario} {setting}")
-        points = _Points(plan, setting, params, out_dir / setting, server, progress, live_file, rules or ServerRules())
+        template.progress.begin(index, f"{scenario} {setting}")
+        points = replace(template, setting=setting, params=params, setting_dir=out_dir / setting)
         result: ScenarioResult
         if scenario == "server":
             result = search_server(setting, points.at_rate, plan.slos, points.rules, start_rps=start_rps,
-                                   plan=plan.name, mode="what-if" if what_if else "real-time")
+                                   plan=plan.name, mode="what-if" if points.server is None else "real-time")
         else:
             result = offline_throughput(partial(points.offline, offline_requests))
         write_atomically(out_dir / f"{setting}.json", result.model_dump_json(indent=2))
@@ -89,6 +104,7 @@ class _Points:
     progress: Progress
     live_file: Path | None
     rules: ServerRules
+    annotator: GrafanaAnnotator | None
 
     def at_rate(self, rate: float) -> tuple[RunResult, PointFlow | None]:
         point_plan = poisson_plan(self.plan, rate, self.rules)
@@ -98,7 +114,7 @@ class _Points:
             run, flow = measure_what_if(point_plan, self.setting, self.params)
         else:
             run = run_one(point_plan, PlannedRun(0, self.setting, self.params, 0), run_dir, self.server,
-                          self.progress, self.live_file)
+                          self.progress, self.live_file, self.annotator)
             flow = _real_time_flow(run_dir) if run.status == "ok" else None
         write_atomically(run_dir / RUN_FILE, run.model_dump_json(indent=2))
         return run, flow
@@ -107,7 +123,7 @@ class _Points:
         point_plan, run_dir = offline_plan(self.plan, requests), self._clean("offline")
         planned = PlannedRun(0, self.setting, self.params, 0)
         run = what_if_run(point_plan, planned, self.progress) if self.server is None \
-            else run_one(point_plan, planned, run_dir, self.server, self.progress, self.live_file)
+            else run_one(point_plan, planned, run_dir, self.server, self.progress, self.live_file, self.annotator)
         write_atomically(run_dir / RUN_FILE, run.model_dump_json(indent=2))
         return run
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import base64
 import logging
 
-from exporter.changes import ChangeTracker, GrafanaAnnotator
+from batchscope.grafana_annotations import GrafanaAnnotator
+from exporter.changes import ChangeTracker
 from exporter.config import ServingConfig
 from tests.conftest import wait_until
 from tests.exporter.clock import Clock

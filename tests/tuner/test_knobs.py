@@ -11,8 +11,8 @@ from batchscope.vllm_knobs import KNOBS, without_knobs
 from simulator.responses import VLLM_VERSION
 from tests.tuner.support import run_files, tiny_plan, tune, write_plan
 from tuner.backends import SimulatorServer, command_argv, replace_knobs, simulator_argv
+from tuner.observers import diff
 from tuner.plan import CommandBackend, Plan, ServingParams, SimulatorBackend
-from tuner.runner import diff
 
 MODEL = "/tmp/tinymodel"
 

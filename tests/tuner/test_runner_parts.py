@@ -4,16 +4,20 @@ neighbours, Prometheus and Grafana, against a recording stub."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+import yaml
 
 from tests.stubs import HttpStub, json_reply
 from tests.tuner.support import tiny_plan
+from tuner.observers import PROMETHEUS_QUERIES, annotate, diff, grafana_annotator, query_prometheus
 from tuner.plan import Plan, Slos
+from tuner.planned import plan_runs
 from tuner.progress import client_live, quantile
-from tuner.runner import PROMETHEUS_QUERIES, annotate, diff, plan_runs, query_prometheus
 from tuner.signals import (
     MetricsPoint,
     cache_config,
@@ -23,6 +27,8 @@ from tuner.signals import (
     server_report,
     server_signals,
 )
+
+RULES = Path(__file__).resolve().parents[2] / "prometheus" / "rules"
 
 
 def test_repeats_are_interleaved_with_the_baseline_first():
@@ -106,8 +112,10 @@ def test_one_grafana_region_per_run_with_the_change_as_text(monkeypatch):
     stub = HttpStub(lambda method, path: json_reply({"id": 1, "message": "Annotation added"})).start()
     monkeypatch.setenv("GRAFANA_TOKEN", "glsa_x")
     plan = Plan.model_validate(tiny_plan(grafana_url=stub.url))
+    annotator = grafana_annotator(plan)
     try:
-        annotate(plan, plan_runs(plan)[1], 1000.0, 1020.5)
+        annotate(annotator, plan, plan_runs(plan)[1], 1000.0, 1020.5)
+        assert annotator is not None and annotator.close(timeout_s=5)  # delivered before the plan ends
     finally:
         stub.stop()
     (request,) = stub.requests
@@ -160,3 +168,10 @@ def test_an_older_vllms_renamed_families_read_under_todays_names():
     assert signals.kv_usage_peak == 0.97 and signals.prefix_cache_queries == 40
     both = parse_metrics(vllm_08_metrics(0.9, 1, new_kv=0.4), 0.0)
     assert both.values["vllm:kv_cache_usage_perc"] == 0.4 and "vllm:gpu_cache_usage_perc" not in both.values
+
+
+def test_every_recording_rule_the_tuner_queries_is_recorded_in_prometheus_rules():
+    recorded = {rule["record"] for path in RULES.glob("*.yml")
+                for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"] if "record" in rule}
+    queried = {name for query in PROMETHEUS_QUERIES.values() for name in re.findall(r"\b\w+:\w+:\w+\b", query)}
+    assert len(queried) == len(PROMETHEUS_QUERIES) and queried <= recorded, queried - recorded

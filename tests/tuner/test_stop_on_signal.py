@@ -11,9 +11,11 @@ import pytest
 
 from tests.tuner.support import tiny_plan
 from tuner.backends import make_server
+from tuner.one_run import run_one
 from tuner.plan import Plan
+from tuner.planned import plan_runs
 from tuner.progress import Progress
-from tuner.runner import Interrupted, StopOnSignal, plan_runs, run_one, signals_deferred
+from tuner.stopping import Interrupted, StopOnSignal, signals_deferred
 
 
 def interrupt_self() -> None:
