@@ -80,7 +80,8 @@ def test_a_spec_that_is_not_yaml_names_the_line_and_column(tmp_path):
     path.write_text("input_tokens: 8\n  output_tokens: 8\n")
     with pytest.raises(SpecError) as error:
         load_spec(path)
-    assert str(error.value) == f"spec: {path} is not valid YAML (line 2, column 16: mapping values are not allowed here)"
+    where = "line 2, column 16: mapping values are not allowed here"
+    assert str(error.value) == f"spec: {path} is not valid YAML ({where})"
 
 
 def test_a_closed_loop_ramps_by_default_in_proportion_to_its_users():
