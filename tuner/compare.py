@@ -8,6 +8,7 @@ field). Intervals: tuner.bootstrap; verdicts: tuner.verdicts; explanations: tune
 
 from __future__ import annotations
 
+from batchscope.nested import flatten
 from batchscope.secrets import mask_argv
 from tuner.bootstrap import MIN_REPEATS, NO_ESTIMATE, RESAMPLES, SEED, Bootstrap, Estimate, estimate, holm
 from tuner.comparison import (
@@ -70,12 +71,12 @@ def compare(results: list[RunResult], slos: Slos, *, order: list[str] | None = N
 def check_comparable(results: list[RunResult]) -> None:
     """Raise ConditionsDiffer naming the first mode or locked-condition field on which two runs differ."""
     reference = next((r for r in results if r.setting == BASELINE), results[0])
-    locked = _flatten(reference.conditions.model_dump(mode="json"))
+    locked = flatten(reference.conditions.model_dump(mode="json"))
     for run in results:
         if run.mode != reference.mode:
             raise ConditionsDiffer(f"mode differs: {reference.run_name} is {reference.mode} but {run.run_name} is "
                                    f"{run.mode}; compare real-time and what-if runs separately")
-        other = _flatten(run.conditions.model_dump(mode="json"))
+        other = flatten(run.conditions.model_dump(mode="json"))
         # the model's field order: a changed load mode is named before the fields that come with it
         for field in [*locked, *(f for f in other if f not in locked)]:
             if field.split(".")[0] in UNLOCKED_CONDITIONS:
@@ -96,16 +97,6 @@ def changed_params(baseline: ServingParams | None, params: ServingParams) -> lis
         changes.append(ParamChange(name="extra_flags", baseline=" ".join(mask_argv(baseline.extra_flags)),
                                    value=" ".join(mask_argv(params.extra_flags))))
     return changes
-
-
-def _flatten(data: dict, prefix: str = "") -> dict[str, object]:
-    flat: dict[str, object] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _group(results: list[RunResult], order: list[str]) -> dict[str, list[RunResult]]:
