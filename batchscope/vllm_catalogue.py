@@ -1,6 +1,6 @@
 """vLLM's metrics as vLLM publishes them: names, types, HELP texts, label names and values, defined once.
 
-From vLLM V1's ``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py; /work/shared/reference/vllm.md section 1),
+From vLLM V1's ``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py),
 checked against captured /metrics in tests/fixtures/vllm-metrics-sample.txt and, for the release the project
 follows, a real vLLM 0.32.0 /metrics under load (tests/fixtures/vllm-0.32-cpu-metrics.txt). The simulator serves
 these, the exporter's tests and the exporter bench expect them. Names are vLLM's code names: prometheus_client

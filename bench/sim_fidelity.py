@@ -4,7 +4,7 @@ Published figures (sources printed with the report):
 - Issue 11's real run: vLLM v0.15, H100, Llama-3.1-8B, gpu_memory_utilization 0.90, max_num_seqs 128,
   max_num_batched_tokens 2048, ~547-token prompts, ~248 output tokens, Poisson 8 req/s (random prompts):
   TTFT mean 25.2 ms, ITL mean 7.9 ms, E2E mean 1,893 ms.
-- calibration.md section 2 (vLLM blog, v0.19.1, H100, FA3): decode at concurrency 1, ITL = 6.44 ms +
+- docs/calibration-sources.md section 2 (vLLM blog, v0.19.1, H100, FA3): decode at concurrency 1, ITL = 6.44 ms +
   4.37e-5 ms per context token (an input of the profile, so this checks the model's other terms leave it be).
 - vLLM blog "The State of FP8 KV-Cache and Attention Quantization in vLLM" (2026-04-22,
   https://blog.vllm.ai/2026/04/22/fp8-kvcache.html), Table 4, BF16 KV row: vLLM v0.19.1, one H100,
@@ -42,7 +42,7 @@ from simulator.config import Deployment, ServeConfig
 from simulator.virtual import ClosedLoop, RequestSpec, run_timed, run_virtual
 
 ISSUE_11 = "issue 11: vLLM v0.15, H100, Llama-3.1-8B, Poisson 8 req/s, 547+248 tokens"
-BLOG = "calibration.md s2: vLLM blog v0.19.1, H100, concurrency 1"
+BLOG = "calibration 2: vLLM blog v0.19.1, H100, concurrency 1"
 FP8_BLOG = "vLLM blog 2026-04-22 (FP8 KV cache), Table 4 BF16: v0.19.1, H100, concurrency 8, 20k+2k tokens"
 SERVE = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.9, "max_model_len": 8192}
 V1_DEFAULTS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9}

@@ -10,7 +10,7 @@ most one job per key (an upstream URL) runs at a time: a job still stuck from an
 again rather than started twice, so stuck lookups cannot pile up threads.
 
 Caps. The largest real vLLM /metrics: one engine of vLLM 0.32 serves ~54 KB (445 series,
-../shared/reference/vllm-0.32-cpu-metrics.txt), and every family but the process ones repeats per
+tests/fixtures/vllm-0.32-cpu-metrics.txt), and every family but the process ones repeats per
 data-parallel engine; bench/exporter_scrape.py renders ~35 KB per engine, so 64 engines, its maximum, are
 2.2 MB and ~20,000 series. METRICS_MAX_BYTES, 16 MiB, is 7x that and keeps the exporter's memory bounded (a body
 at the cap costs about twice its size while it is decoded). vLLM's /v1/models and /version are a few hundred

