@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import random
 import signal
 import socket
 import sys
@@ -57,6 +58,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        help="seconds after start-up when the engine stops stepping (no tokens, queues kept)")
     serve.add_argument("--fault-engine-stall-s", type=float, default=0.0, help="how long the engine stays stopped, s")
     serve.set_defaults(run=run_serve)
+    calibrate = sim_commands.add_parser("calibrate", help="probe a running vLLM and write a profile fitted to it")
+    calibrate.add_argument("--url", required=True, help="base URL of the running vLLM")
+    calibrate.add_argument("--max-num-seqs", type=int, required=True,
+                           help="the server's max_num_seqs (vLLM does not report it)")
+    calibrate.add_argument("--max-num-batched-tokens", type=int, required=True,
+                           help="the server's max_num_batched_tokens (vLLM does not report it)")
+    calibrate.add_argument("--model-config", metavar="FILE",
+                           help="the model's config.json or folder (default: the folder /v1/models names as root)")
+    calibrate.add_argument("--budget-s", type=float, default=120.0,
+                           help="seconds of probe load in all (9 phases, 2 s each at least; each phase's load "
+                                "generator start comes on top)")
+    calibrate.add_argument("--out", default="profile.yaml", help="the profile file to write")
+    calibrate.add_argument("--seed", type=int, help="the probe loads' prompt seed (default: a new one each time, so "
+                           "no prompt of an earlier probe is in the server's prefix cache)")
+    calibrate.set_defaults(run=run_calibrate)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -80,9 +96,40 @@ def run_serve(args: argparse.Namespace) -> int:
     return exits.INTERRUPTED if received == signal.SIGINT else exits.OK
 
 
-def _bad_input(message: str) -> int:
-    print(f"batchscope sim serve: error: {message}", file=sys.stderr)
+def _bad_input(message: str, command: str = "serve") -> int:
+    print(f"batchscope sim {command}: error: {message}", file=sys.stderr)
     return exits.BAD_INPUT
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """Check the flags, probe the server, fit, write the profile; any refusal is one line and exit status 2."""
+    from pathlib import Path
+
+    from simulator import calibrate  # requests, the fit: only for this command
+
+    positive = {"--max-num-seqs": args.max_num_seqs, "--max-num-batched-tokens": args.max_num_batched_tokens,
+                "--budget-s": args.budget_s}
+    for flag, value in positive.items():
+        if value <= 0:
+            return _bad_input(f"{flag}: must be > 0, got {value:g}", "calibrate")
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        return _bad_input(f"--out: folder {out.parent} does not exist", "calibrate")
+    try:
+        server = calibrate.read_server(args.url, args.max_num_seqs, args.max_num_batched_tokens)
+        config = calibrate.read_model_config(args.model_config or server.root)
+        seed = random.randrange(2**31) if args.seed is None else args.seed
+        measured = calibrate.probe(server, args.budget_s, seed,
+                                   progress=lambda line: print(f"batchscope sim calibrate: {line}", file=sys.stderr))
+        profile = calibrate.fit_profile(server, config, args.budget_s, measured)
+    except calibrate.CalibrationError as exc:
+        return _bad_input(str(exc), "calibrate")
+    calibrate.write_profile(profile, out)
+    record = profile.calibration
+    assert record is not None
+    print(f"batchscope sim calibrate: wrote {out}: {len(record.residuals)} figures fitted, RMS error "
+          f"{record.rms_error:.1%}, repeat drift {record.repeat_drift:.1%}", file=sys.stderr)
+    return exits.OK
 
 
 async def _serve_until_signal(deployment: Deployment, sock: socket.socket, serve: Serve) -> signal.Signals:

@@ -42,6 +42,35 @@ CPU_BLOCK_MULTIPLE = 32
 KV_LOG_NAME: dict[str, str] = {"cuda": "GPU", "cpu": "CPU"}
 
 
+class Residual(BaseModel):
+    """One probe figure: vLLM's mean over a phase against the fitted profile's prediction of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    phase: str = Field(description="Probe phase: its users, prompt and output lengths (e.g. c1-p512-o8).")
+    figure: str = Field(description="prefill (vllm:request_prefill_time_seconds) or itl "
+                        "(vllm:inter_token_latency_seconds), the phase's mean.")
+    measured_s: float = Field(description="The server's mean over the phase, seconds.")
+    predicted_s: float = Field(description="The fitted cost model's mean over the phase's simulated schedule, s.")
+    error: float = Field(description="predicted / measured - 1.")
+
+
+class Calibration(BaseModel):
+    """Where a calibrated profile's numbers come from: the server, its conditions and how well the fit holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    measured_at: str = Field(description="When the probe ran, ISO 8601 UTC.")
+    conditions: dict[str, str | int | float | bool | None] = Field(
+        description="What the probe measured under: model, vLLM version, knobs, KV cache, hardware (None where "
+                    "the server does not say).")
+    budget_s: float = Field(description="Seconds of probe load asked for (--budget-s).")
+    residuals: list[Residual] = Field(description="Every fitted figure, measured against predicted.")
+    rms_error: float = Field(description="Root mean square of the residuals' relative errors.")
+    repeat_drift: float = Field(description="The repeated phase's change between its two runs (relative, largest "
+                                "of its figures): the server's own timing noise over the probe.")
+
+
 class Profile(BaseModel):
     """One model on one GPU: memory at start-up and the cost of an engine step."""
 
@@ -86,6 +115,8 @@ class Profile(BaseModel):
     eos_probability: float = Field(
         0.002, ge=0, le=1, description="Chance per generated token of drawing EOS when ignore_eos is false."
     )
+    calibration: Calibration | None = Field(
+        None, description="Set by `batchscope sim calibrate`: the probe's conditions and the fit's residuals.")
 
     def activation_peak_bytes(self, max_num_batched_tokens: int) -> int:
         """Peak activation memory of vLLM's profiling forward pass of max_num_batched_tokens tokens."""
