@@ -104,8 +104,8 @@ def health_row(layout: Layout) -> None:
         target(f"scenario:batchscope_client_errors:ratio_rate1m{{{SCENARIO}}}", "client not ok {{scenario}}"),
     ], "percentunit", describe(
         "Share of requests failed over the last minute (red line: the error alerts' 5 %).",
-        "server = vLLM's API server, 5xx answers to /v1/* (http_requests_total); client = the load "
-        "generator's requests not ending ok (any outcome but ok).",
+        "server = vLLM's API server, 5xx answers to /v1/* but the pollers' /v1/models (http_requests_total); "
+        "client = the load generator's requests not ending ok (any outcome but ok).",
         "server 5xx: vLLM's log has the exception (VllmRequestErrorSpike); client only: timeouts or the "
         "network (BatchscopeClientErrorRate)."), max_value=1, steps=ERROR_STEPS), 8)
     layout.add(timeseries("Completion throughput", [

@@ -2,16 +2,23 @@
 in a real Prometheus, the project's Alertmanager config in a real Alertmanager sending to a webhook stub, the
 simulator, the load generator (headless) and the exporter.
 
-Two deployments run side by side for the same time, each behind its own exporter (its own `instance`): a
-baseline whose KV cache holds the load, and a tight one whose KV cache is far too small for it. Then:
-VllmPreemptionSpike reaches the webhook for the tight one and never for the baseline; every PromQL expression
-of every dashboard panel, variable and annotation returns data; and the change annotation query places a
-point at the moment the baseline simulator was restarted with another flag.
+Four deployments run side by side for the same time, each behind its own exporter (its own `instance`): a
+baseline whose KV cache holds the load; a tight one whose KV cache is far too small for it; a slow one whose
+steps take a quarter of a second, with max_num_seqs 2 below its load's concurrency and a fifth of its requests
+answered 500; and one whose engine hangs for a while (the simulator's --fault-engine-stall-*). Then:
+VllmPreemptionSpike reaches the webhook for the tight one; VllmTtftSloBurn, VllmTpotSloBurn,
+VllmAdmissionLimited and VllmRequestErrorSpike fire for the slow one; VllmEngineStalled fires for the hung one
+and resolves once its engine steps again; no vLLM alert so much as goes pending for the baseline; every PromQL
+expression of every dashboard panel, variable and annotation returns data (a newer family's panel its data, not
+its "not exposed" fallback); and the change annotation query places a point at the moment the baseline
+simulator was restarted with another flag. A second test serves an older vLLM's /metrics (0.32's without the
+families those panels guard, and with the pre-0.10 KV usage name) and reads "not exposed by this vLLM" there.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +32,7 @@ import yaml
 
 from tests.conftest import Exporter, SimProcess, free_port, start_simulator, wait_until
 from tests.grafana.dashboard_queries import Query, dashboard_queries, substitute
-from tests.stubs import HttpStub, json_reply
+from tests.stubs import HttpStub, Reply, json_reply
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -40,8 +47,22 @@ BASELINE_SPEC = {"input_tokens": 128, "output_tokens": 64, "scenario": "baseline
                  "load": {"mode": "concurrency", "concurrency": 4, "ramp_up_s": 1}}
 TIGHT_SPEC = {"input_tokens": 512, "output_tokens": 256, "scenario": "tight",
               "load": {"mode": "concurrency", "concurrency": 16, "ramp_up_s": 1}}
+# the slow deployment: every step takes 0.25 s (TPOT above the 0.2 s target), 16-token answers hold a batch slot
+# ~4 s, so with 2 slots for 4 users every later request queues that long (TTFT above the 2.5 s target) while the
+# KV cache stays nearly empty (admission-limited); 1 in 5 requests is answered 500 (the error spike)
+SLOW_STEP_S = "0.25"
+SLOW_SPEC = {"input_tokens": 64, "output_tokens": 16, "scenario": "slow",
+             "load": {"mode": "concurrency", "concurrency": 4, "ramp_up_s": 1}}
+SLOW_FLAGS = ("--max-num-seqs", "2")
+# the hung engine: 10 s after start-up it stops for 80 s, longer than VllmEngineStalled's 30 s window + for: 30s
+# with slack for a busy machine
+STALL_AFTER_S, STALL_S = "10", "80"
+STALL_SPEC = {"input_tokens": 64, "output_tokens": 32, "scenario": "stalled",
+              "load": {"mode": "concurrency", "concurrency": 2, "ramp_up_s": 1}}
 RUN_S = 600  # longer than the test: the loads are stopped (SIGTERM) when it is done
 ALERT_DEADLINE_S = 180  # for: 30s after the 1 m rate rises, plus Alertmanager's group_wait, with slack
+NOT_EXPOSED = "not exposed by this vLLM"
+FIXTURE_032 = Path(__file__).parent.parent / "fixtures" / "vllm-0.32-cpu-metrics.txt"
 
 
 @dataclass
@@ -68,11 +89,13 @@ class Deployment:
         self.sim.stop()
 
 
-def deploy(tmp_path: Path, name: str, spec: dict, *sim_flags: str) -> Deployment:
+def deploy(tmp_path: Path, name: str, spec: dict, *vllm_flags: str, sim_only: tuple[str, ...] = ()) -> Deployment:
+    """``vllm_flags`` are vLLM's (also written to the command file the exporter reads), ``sim_only`` the
+    simulator's own (profile, faults)."""
     port = str(free_port())
     command_file = tmp_path / f"{name}-command"
-    command_file.write_text(" ".join(["vllm serve sim-model", *sim_flags]))
-    sim = start_simulator(tmp_path, *SIM_FLAGS, "--port", port, *sim_flags)
+    command_file.write_text(" ".join(["vllm serve sim-model", *vllm_flags]))
+    sim = start_simulator(tmp_path, *SIM_FLAGS, "--port", port, *vllm_flags, *sim_only)
     spec_path = tmp_path / f"{name}-spec.yaml"
     spec_path.write_text(yaml.safe_dump({**spec, "warmup_s": 0, "duration_s": RUN_S}))
     metrics_port = free_port()
@@ -153,6 +176,25 @@ def alerts_received(webhook: HttpStub) -> list[dict]:
     return [alert for r in webhook.requests if r.method == "POST" for alert in r.json()["alerts"]]
 
 
+def slow_profile(tmp_path: Path) -> Path:
+    """The tiny profile with every engine step a quarter of a second longer."""
+    text = (Path("simulator") / "profiles" / "tiny.yaml").read_text()
+    text = re.sub(r"(?m)^name: tiny$", "name: tiny-slow", text)
+    text = re.sub(r"(?m)^step_overhead_s: .*$", f"step_overhead_s: {SLOW_STEP_S}", text)
+    path = tmp_path / "tiny-slow.yaml"
+    path.write_text(text)
+    return path
+
+
+def firing_instances(prom: PromAPI, alert: str, start: float, end: float) -> set[str]:
+    result = prom.range(f'ALERTS{{alertname="{alert}",alertstate="firing"}}', start, end)
+    return {series["metric"]["instance"] for series in result}
+
+
+def not_exposed_fallbacks(result: list[dict]) -> list[dict]:
+    return [series["metric"] for series in result if NOT_EXPOSED in series["metric"].values()]
+
+
 @pytest.mark.skipif(shutil.which(ALERTMANAGER) is None or shutil.which("prometheus") is None,
                     reason="needs the Debian packages prometheus and prometheus-alertmanager (make test installs them)")
 def test_the_stack_alerts_on_a_preemption_spike_and_every_dashboard_query_returns_data(tmp_path):
@@ -169,8 +211,14 @@ def test_the_stack_alerts_on_a_preemption_spike_and_every_dashboard_query_return
         deployments.append(baseline)
         tight = deploy(tmp_path, "tight", TIGHT_SPEC, "--gpu-memory-utilization", TIGHT_UTILIZATION)
         deployments.append(tight)
+        slow = deploy(tmp_path, "slow", SLOW_SPEC, *SLOW_FLAGS,
+                      sim_only=("--profile", str(slow_profile(tmp_path)), "--fault-error-rate", "0.2"))
+        deployments.append(slow)
+        stalled = deploy(tmp_path, "stalled", STALL_SPEC, sim_only=(
+            "--fault-engine-stall-after-s", STALL_AFTER_S, "--fault-engine-stall-s", STALL_S))
+        deployments.append(stalled)
         started = time.time()
-        config = prometheus_config(tmp_path, [baseline.instance, tight.instance], prom_port, am_port)
+        config = prometheus_config(tmp_path, [d.instance for d in deployments], prom_port, am_port)
         processes.append(start(tmp_path, "prometheus", [
             "prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{prom_port}"], f"http://127.0.0.1:{prom_port}/-/ready"))
@@ -198,17 +246,41 @@ def test_the_stack_alerts_on_a_preemption_spike_and_every_dashboard_query_return
         assert not prom.instant(f'vllm:num_preemptions_total{{instance="{baseline.instance}"}} > 0')
         assert prom.instant(f'vllm:num_preemptions_total{{instance="{tight.instance}"}} > 100')
 
+        # the failure modes, each where it was staged (Prometheus' own alert state: the webhook path is the above)
+        expected = {"VllmEngineStalled": stalled, "VllmTtftSloBurn": slow, "VllmTpotSloBurn": slow,
+                    "VllmAdmissionLimited": slow, "VllmRequestErrorSpike": slow}
+        wait_until(lambda: all(deployment.instance in firing_instances(prom, alert, started, time.time())
+                               for alert, deployment in expected.items()),
+                   timeout_s=ALERT_DEADLINE_S, interval_s=2, message="every failure-mode alert firing")
+
         end = time.time()
         span = f"{int(end - started)}s"
-        empty = [f"{q.dashboard} / {q.where}: {q.expr}" for q in dashboard_queries()
-                 if not finite_values(prom.range(substitute(q.expr, range_=span), started, end, "2s"))]
+        results = {q: prom.range(substitute(q.expr, range_=span), started, end, "2s") for q in dashboard_queries()}
+        empty = [f"{q.dashboard} / {q.where}: {q.expr}" for q, result in results.items() if not finite_values(result)]
         assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+        # at the end, every family scraped (before the first scrape absent() holds for all): the real data only
+        fallbacks = {q.where: found for q in results if "absent(" in q.expr
+                     if (found := not_exposed_fallbacks(prom.instant(substitute(q.expr, range_=span))))}
+        assert not fallbacks, f"'{NOT_EXPOSED}' against vLLM 0.32's families: {fallbacks}"
 
         change_marks = [q for q in dashboard_queries() if q.where.startswith("annotation") and
                         "batchscope_config_last_change_timestamp_seconds" in q.expr]
         assert change_marks, "no annotation query on the exporter's change metrics"
         for query in change_marks:
             assert_marks_the_restart(prom, query, baseline.instance, started, end, restarted)
+
+        # checked last, so the queries above run while the hung engine is still stopped: it steps again at
+        # STALL_AFTER_S + STALL_S, and its alert is over soon after
+        wait_until(lambda: not prom.instant(f'ALERTS{{alertname="VllmEngineStalled",instance="{stalled.instance}"}}'),
+                   timeout_s=float(STALL_AFTER_S) + float(STALL_S) + 30, interval_s=1,
+                   message="VllmEngineStalled resolved once the engine steps again")
+        assert prom.instant(f'increase(vllm:generation_tokens_total{{instance="{stalled.instance}"}}[30s]) > 0')
+        # healthy: the baseline never had a vLLM alert even pending, for all its load and its restart
+        assert not prom.range(f'ALERTS{{alertname=~"Vllm.+",instance="{baseline.instance}"}}', started, time.time())
+        # the tight cache's preemptions show in the per-request histogram and the recomputation estimate
+        for rule in ("model:vllm_request_preemptions:mean1m", "model:vllm_recomputed_prompt_tokens:rate1m"):
+            values = finite_values(prom.range(f'{rule}{{instance="{tight.instance}"}}', started, time.time()))
+            assert values and max(values) > 0, rule
     finally:
         for deployment in deployments:
             deployment.stop()
@@ -216,6 +288,61 @@ def test_the_stack_alerts_on_a_preemption_spike_and_every_dashboard_query_return
             process.terminate()
             process.wait(timeout=20)
         webhook.stop()
+
+
+def older_vllm_metrics(families: set[str]) -> str:
+    """vLLM 0.32's real /metrics as an older release serves it: without ``families`` (those the dashboards guard
+    with absent(): the newer ones, and the process_* that --api-server-count > 1 drops), and with the KV cache
+    usage under its pre-0.10 name, which the exporter maps back."""
+    lines = [line for line in FIXTURE_032.read_text().splitlines()
+             if not any(re.match(rf"(# (HELP|TYPE) )?{re.escape(family)}(_total|_created|_bucket|_sum|_count)?[ {{]",
+                                 line) for family in families)]
+    return "\n".join(lines).replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc") + "\n"
+
+
+def guarded_families() -> dict[Query, str]:
+    """Each dashboard query with an absent() fallback -> the family (as vLLM names it) it guards."""
+    guarded = {}
+    for query in dashboard_queries():
+        match = re.search(r"absent\(([a-z_:]+)", query.expr)
+        if match:
+            name = re.sub(r"(_total|_count|_bucket|_sum)$", "", match.group(1))
+            guarded[query] = name.removeprefix("batchscope_vllm_")
+    return guarded
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus (make test installs it)")
+def test_panels_of_newer_families_say_not_exposed_against_an_older_vllm(tmp_path, exporters):
+    guarded = guarded_families()
+    assert {"vllm:num_requests_waiting_by_reason", "vllm:request_num_preemptions", "vllm:prompt_tokens_by_source",
+            "process_cpu_seconds"} <= set(guarded.values())
+    text = older_vllm_metrics(set(guarded.values()))
+    vllm = HttpStub(lambda _method, path: Reply(body=text.encode(), content_type="text/plain; version=0.0.4")
+                    if path == "/metrics" else Reply(status=404, body=b'{"detail":"Not Found"}')).start()
+    prometheus = None
+    try:
+        exporter = exporters("--vllm-url", vllm.url)
+        prom_port = free_port()
+        config = prometheus_config(tmp_path, [f"127.0.0.1:{exporter.port}"], prom_port, free_port())
+        prometheus = start(tmp_path, "prometheus", [
+            "prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}"], f"http://127.0.0.1:{prom_port}/-/ready")
+        prom = PromAPI(prom_port)
+        wait_until(lambda: prom.instant('batchscope_up{target="vllm"} == 1'), timeout_s=30,
+                   message="Prometheus to scrape the older vLLM")
+        for query, family in guarded.items():
+            result = prom.instant(substitute(query.expr, variables={"model": "tiny-llama"}))
+            assert [float(series["value"][1]) for series in result] == [-1], (query.where, family, result)
+            assert not_exposed_fallbacks(result), (query.where, result)
+        # a renamed family of the same meaning is mapped by the exporter, so its panel reads the real value
+        [kv] = prom.instant('vllm:kv_cache_usage_perc{model_name="tiny-llama"}')
+        assert float(kv["value"][1]) == float(re.search(r"^vllm:kv_cache_usage_perc\{.*\} (\S+)$",
+                                                        FIXTURE_032.read_text(), re.M).group(1))
+    finally:
+        if prometheus is not None:
+            prometheus.terminate()
+            prometheus.wait(timeout=20)
+        vllm.stop()
 
 
 def assert_marks_the_restart(prom: PromAPI, query: Query, instance: str, start: float, end: float,
