@@ -99,6 +99,8 @@ class CommandBackend(BaseModel):
     host: str = Field("127.0.0.1", description="Address the server listens on.")
     port: int = Field(8000, gt=0, lt=65536, description="Port the server listens on.")
     startup_timeout_s: float = Field(1800.0, gt=0, description="Deadline for /health after a start, seconds.")
+    profile: str | None = Field(None, description="Simulator profile of this server for --what-if previews (a "
+                                "`batchscope sim calibrate` file); None: the simulator's default H100 profile.")
 
     @field_validator("command")
     @classmethod
@@ -126,6 +128,8 @@ class DockerBackend(BaseModel):
     container: str = Field(description="Name of the running vLLM container to re-create per setting.")
     url: str = Field("http://127.0.0.1:8000", description="Base URL where the container's API answers.")
     startup_timeout_s: float = Field(1800.0, gt=0, description="Deadline for /health after a start, seconds.")
+    profile: str | None = Field(None, description="Simulator profile of this server for --what-if previews (a "
+                                "`batchscope sim calibrate` file); None: the simulator's default H100 profile.")
 
 
 Backend = Annotated[SimulatorBackend | CommandBackend | DockerBackend, Field(discriminator="kind")]

@@ -2,9 +2,9 @@
 
 Same workload as the real-time run (``Plan.run_spec()``: warm-up, window, load mode and level, lengths, seed +
 repeat, and the prompts' token ids in the load generator's layout, so shared prefixes hit the prefix cache as
-they do in a real run), same engine as `batchscope sim serve` (the plan's simulator profile, or the default
-h100 one for the command and docker backends), but stepped from event to event instead of in real time: a
-one-minute window takes a fraction of a second.
+they do in a real run), same engine as `batchscope sim serve` (the plan's simulator profile; for the command and
+docker backends their backend.profile, a `batchscope sim calibrate` file, else the default h100 one), but stepped
+from event to event instead of in real time: a one-minute window takes a fraction of a second.
 
 The figures follow the load generator's summary (loadgen/summary.py), with the virtual times for the client's:
 - the window is [warm-up, warm-up + window] (offline: to the last request's end); a request belongs to it when
@@ -144,7 +144,10 @@ def prompt_source(spec: WorkloadSpec, vocab_size: int = ID_HIGH) -> PromptIds:
 
 def _profile_and_seed(plan: Plan) -> tuple[str, int]:
     backend = plan.backend
-    return (backend.profile, backend.seed) if isinstance(backend, SimulatorBackend) else (DEFAULT_PROFILE, 0)
+    if isinstance(backend, SimulatorBackend):
+        return backend.profile, backend.seed
+    # a real server's plan previews with its calibrated profile when it names one
+    return backend.profile or DEFAULT_PROFILE, 0
 
 
 def _deployment(params: ServingParams, profile: str, seed: int) -> Deployment:

@@ -6,6 +6,7 @@ import math
 import time
 
 import pytest
+import yaml
 
 from simulator.config import Deployment, ServeConfig
 from simulator.profile import load_profile
@@ -136,6 +137,25 @@ def test_other_backends_preview_on_the_default_profile() -> None:
     plan = one_knob_plan(backend=CommandBackend(), window_s=5, warmup_s=1)
     run = run_what_if(plan, "baseline", plan.baseline, 0)
     assert run.status == "ok" and run.server.kv_capacity_tokens > 400_000
+
+
+def test_a_real_servers_plan_previews_with_the_profile_its_backend_names(tmp_path) -> None:
+    # a calibrated profile of another device: the tiny one's numbers on 128-token CPU blocks, 1.5x its step cost
+    tiny = load_profile("tiny")
+    calibrated = tiny.model_copy(update={"name": "calibrated", "device": "cpu",
+                                         "step_overhead_s": tiny.step_overhead_s * 1.5})
+    path = tmp_path / "calibrated.yaml"
+    path.write_text(yaml.safe_dump(calibrated.model_dump(mode="json")))
+    plan = one_knob_plan(backend=CommandBackend(profile=str(path)), window_s=5, warmup_s=1,
+                         workload={"input_tokens": 256, "output_tokens": 64, "seed": 1,
+                                   "load": {"mode": "concurrency", "concurrency": 4}},
+                         baseline={"model": "m", "max_model_len": 1024})
+    run = run_what_if(plan, "baseline", plan.baseline, 0)
+    assert run.status == "ok"
+    assert run.reported.block_size == 128
+    assert "--profile" in run.command_line and str(path) in run.command_line
+    assert run.reported.kv_capacity_tokens == Deployment(ServeConfig(model="m", max_model_len=1024,
+                                                                     profile=str(path))).kv_plan.kv_cache_tokens
 
 
 def prefix_plan(shared: dict | None) -> Plan:
