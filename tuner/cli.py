@@ -22,13 +22,12 @@ from tuner.mlperf import FOLDER_PREFIX, ServerRules
 from tuner.plan import Plan, PlanError, load_plan
 from tuner.planned import plan_runs
 from tuner.progress import Progress
+from tuner.report_prediction import WHAT_IF_SUFFIX
 from tuner.report_scenarios import scenario_dirs
 from tuner.results import PLAN_FILE, CannotWrite, check_writable, load_results
 from tuner.runner import nothing_compared, run_plan
 from tuner.scenarios import SCENARIOS, describe, nothing_measured, run_scenario
 from tuner.stopping import Interrupted, StopOnSignal
-
-WHAT_IF_SUFFIX = ".what-if"  # what-if results sit beside the real-time ones, never mixed with them
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

@@ -24,6 +24,7 @@ from tuner.metric_defs import METRICS
 from tuner.plan import BASELINE, TUNABLE, Plan, Slos
 from tuner.report_html import html_blocks, html_figure, html_page, html_table, markdown_bold
 from tuner.report_plots import PLOTS, png
+from tuner.report_prediction import prediction_blocks
 from tuner.report_recommendation import recommendation_lines
 from tuner.report_scenarios import Block, Heading, Paragraph, is_scenario_dir, scenario_blocks, scenario_dirs
 from tuner.report_text import (
@@ -48,7 +49,7 @@ def write_report(plan_dir: Path) -> list[Path]:
     """Compare the plan's runs and write report.md, report.html, report.csv and comparison.json, the scenarios'
     sections included; without runs, report.md and report.html of the scenarios alone; return the paths."""
     plan_dir = Path(plan_dir)
-    scenarios = scenario_blocks(scenario_dirs(plan_dir))
+    scenarios = prediction_blocks(plan_dir) + scenario_blocks(scenario_dirs(plan_dir))
     results = [] if is_scenario_dir(plan_dir) else load_results(plan_dir)
     if not results:
         if not scenarios:
