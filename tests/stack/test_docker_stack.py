@@ -144,6 +144,8 @@ def stack(engine: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -
         print(f"the stack's logs: {logs}")
         subprocess.run([*compose, "down", "-v", "--timeout", "10"], cwd=ROOT, env=stack.env(), capture_output=True,
                        timeout=120)
+        # the cached data-root keeps the stand-ins and this build; earlier builds of our image would pile up
+        subprocess.run([DOCKER, "image", "prune", "-f"], env=stack.env(), capture_output=True, timeout=120)
 
 
 def containers(stack: Stack) -> list[dict]:
