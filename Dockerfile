@@ -1,7 +1,7 @@
 # The project's own image, one for every batchscope process in compose.yaml: the simulator
 # (`batchscope sim serve`), the exporter (`batchscope exporter`) and Locust's master and workers
-# (`locust -f loadgen/locustfile.py`), and `batchscope tune` / `report`. compose.yaml gives each service its whole
-# command. No `# syntax=` line: it would make BuildKit pull a frontend image from Docker Hub at every build
+# (`locust -f loadgen/adapter/locustfile.py`), and `batchscope tune` / `report`. compose.yaml gives each service
+# its whole command. No `# syntax=` line: it would make BuildKit pull a frontend image from Docker Hub at every build
 # (offline, the build fails), and nothing here needs a feature beyond the builder's own.
 #
 # Pinned to a patch release and a Debian release, so a rebuild next month runs the same Python; bump it on purpose.
@@ -28,7 +28,7 @@ COPY exporter ./exporter
 COPY tuner ./tuner
 COPY examples ./examples
 # The runtime dependencies only (no [test] extra). The sources stay in /app because Locust takes the
-# locustfile by path: `locust -f loadgen/locustfile.py`, as in the README.
+# locustfile by path: `locust -f loadgen/adapter/locustfile.py`, as in the README.
 RUN pip install . && rm -rf build ./*.egg-info
 
 USER batchscope

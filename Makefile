@@ -65,7 +65,7 @@ check: $(BIN)/.installed
 	$(BIN)/python -m pytest -m "not e2e and not slow" -q
 
 # What the fast tier covers of the code it must cover: the exporter, the load generator's summary and HTTP client.
-COVERED := exporter/*,loadgen/summary.py,loadgen/http.py
+COVERED := exporter/*,loadgen/summary.py,loadgen/http.py,loadgen/framing.py
 coverage: $(BIN)/.installed
 	COVERAGE_FILE=$(VENV)/.coverage $(BIN)/python -m pytest -m "not e2e and not slow" -q \
 		--cov=exporter --cov=loadgen --cov-report=

@@ -19,7 +19,7 @@ from loadgen.metrics import DEFAULT_METRICS_PORT
 from loadgen.spec import SpecError, WorkloadSpec, load_spec
 from loadgen.target import build_target
 
-LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+LOCUSTFILE = Path(__file__).parent / "adapter" / "locustfile.py"
 MASTER_PORT = 5557  # Locust's default
 ANY_ADDRESS = ("*", "0.0.0.0")
 
@@ -38,7 +38,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                       help="port of the merged client /metrics on 127.0.0.1 (0: off)")
     load.add_argument("--master-bind-host", default="127.0.0.1", metavar="ADDR",
                       help="address the master listens on for workers (port 5557); 0.0.0.0 lets workers on other "
-                           "hosts join with `locust -f loadgen/locustfile.py --worker --master-host HOST`")
+                           "hosts join with `locust -f loadgen/adapter/locustfile.py --worker --master-host HOST`")
     load.add_argument("--master-port", type=int, default=MASTER_PORT,
                       help="port the master listens on for workers (two runs with workers at once need two)")
     load.set_defaults(run=run_load)

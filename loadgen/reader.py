@@ -21,7 +21,8 @@ import gevent
 import gevent.event
 from gevent import monkey
 
-from loadgen.http import ChunkedDecoder, Connection, Payload, StreamBroken, Timeout
+from loadgen.framing import ChunkedDecoder
+from loadgen.http import Connection, Payload, StreamBroken, Timeout
 
 if TYPE_CHECKING:
     import select  # only its epoll type: gevent's monkey-patching removes epoll from the module at run time

@@ -17,7 +17,7 @@ status for its code: truncated, with its message).
 
 A stream is held to vLLM's format, and everything a peer can fill is bounded: an event over MAX_EVENT_BYTES,
 an event that is not JSON or not vLLM's object (``choices`` a list of objects, ``usage`` an object of token
-counts), a ``data:`` line after ``[DONE]``, a chunk broken or over its bound (loadgen/http.py), or a non-streamed
+counts), a ``data:`` line after ``[DONE]``, a chunk broken or over its bound (loadgen/framing.py), or a non-streamed
 body over MAX_BODY_BYTES ends the request as ``protocol_error`` with the reason, the bound named. An error
 answer's body is read up to MAX_ERROR_BODY_BYTES (its first 200 characters are the record's error), then the
 connection is closed. More token events than usage.completion_tokens is ``length_mismatch``. Fewer is not a
@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from loadgen import http
+from loadgen import framing, http
 from loadgen.http import Connection, Follow
 from loadgen.target import Target
 
@@ -146,18 +146,18 @@ class TokenStream:
 
     def _check_partial(self) -> None:
         if self._partial_bytes > MAX_EVENT_BYTES:
-            raise http.ProtocolError(f"stream event: over {MAX_EVENT_BYTES >> 20} MiB without its blank line "
+            raise framing.ProtocolError(f"stream event: over {MAX_EVENT_BYTES >> 20} MiB without its blank line "
                                      "(MAX_EVENT_BYTES)")
 
     def feed_event(self, event: bytes, now: float) -> None:
         if len(event) > MAX_EVENT_BYTES:
-            raise http.ProtocolError(f"stream event: {len(event)} bytes, over {MAX_EVENT_BYTES >> 20} MiB "
+            raise framing.ProtocolError(f"stream event: {len(event)} bytes, over {MAX_EVENT_BYTES >> 20} MiB "
                                      "(MAX_EVENT_BYTES)")
         for line in event.split(b"\n"):
             if not line.startswith(b"data:"):
                 continue
             if self.done:
-                raise http.ProtocolError("stream: an event after data: [DONE], which ends a vLLM stream")
+                raise framing.ProtocolError("stream: an event after data: [DONE], which ends a vLLM stream")
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 self.done = True
@@ -180,7 +180,7 @@ class TokenStream:
 
     def _parsed(self, data: object, now: float) -> None:
         if not isinstance(data, dict):
-            raise http.ProtocolError(f"stream event: a JSON {json_type(data)} where vLLM sends an object")
+            raise framing.ProtocolError(f"stream event: a JSON {json_type(data)} where vLLM sends an object")
         if "error" in data:
             self._note_error(data["error"])
         if data.get("usage") is not None:
@@ -189,7 +189,7 @@ class TokenStream:
         if choices is None:
             return
         if not isinstance(choices, list) or not all(isinstance(choice, dict) for choice in choices):
-            raise http.ProtocolError(f"stream event: choices is a JSON {json_type(choices)} where vLLM sends a "
+            raise framing.ProtocolError(f"stream event: choices is a JSON {json_type(choices)} where vLLM sends a "
                                      "list of objects")
         if choices and self._has_token(choices[0]):
             self._token(now)
@@ -205,7 +205,7 @@ class TokenStream:
         # a chat stream opens with a role chunk (content ""), which carries no token; any other choice does
         delta = (choice.get("delta") or {}) if self.chat else {}
         if not isinstance(delta, dict):
-            raise http.ProtocolError(f"stream event: delta is a JSON {json_type(delta)} where vLLM sends an object")
+            raise framing.ProtocolError(f"stream event: delta is a JSON {json_type(delta)} where vLLM sends an object")
         return not ("role" in delta and not delta.get("content"))
 
     def _note_error(self, error: object) -> None:
@@ -222,7 +222,7 @@ def parse_json(text: bytes, what: str) -> object:
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise http.ProtocolError(f"{what}: not JSON ({exc.__class__.__name__}: {str(exc)[:80]})") from None
+        raise framing.ProtocolError(f"{what}: not JSON ({exc.__class__.__name__}: {str(exc)[:80]})") from None
 
 
 def json_type(value: object) -> str:
@@ -236,11 +236,11 @@ def json_type(value: object) -> str:
 def checked_usage(usage: object) -> dict:
     """vLLM's usage object: prompt_tokens and completion_tokens counts (ints >= 0); ProtocolError otherwise."""
     if not isinstance(usage, dict):
-        raise http.ProtocolError(f"usage: a JSON {json_type(usage)} where vLLM sends an object")
+        raise framing.ProtocolError(f"usage: a JSON {json_type(usage)} where vLLM sends an object")
     for name in ("prompt_tokens", "completion_tokens"):
         value = usage.get(name)
         if type(value) is not int or value < 0:
-            raise http.ProtocolError(f"usage.{name}: {json.dumps(value)[:40]} is not a count of tokens")
+            raise framing.ProtocolError(f"usage.{name}: {json.dumps(value)[:40]} is not a count of tokens")
     return usage
 
 
@@ -257,14 +257,14 @@ def measure(connection: Connection, target: Target, record: RequestRecord, extra
         return _finish(record, "timeout", error=str(exc))
     except http.StreamBroken as exc:
         return _finish(record, "truncated" if record.status else "connection_error", error=str(exc))
-    except http.ProtocolError as exc:
+    except framing.ProtocolError as exc:
         connection.close()  # what else the peer sent on it cannot be framed
         return _finish(record, "protocol_error", error=str(exc)[:200])
 
 
 def _exchange(connection: Connection, target: Target, record: RequestRecord, extra_headers: dict,
               follow: Follow | None) -> RequestRecord:
-    request = http.encode_request(target.endpoint, target.next_body(), {**target.headers, **extra_headers})
+    request = framing.encode_request(target.endpoint, target.next_body(), {**target.headers, **extra_headers})
     reused = connection.is_open
     try:
         record.sent_s = connection.send(request)
@@ -280,14 +280,14 @@ def _exchange(connection: Connection, target: Target, record: RequestRecord, ext
         status, headers = connection.read_head()
     record.status = status
     if status != 200:
-        record.retry_after_s = http.retry_after_s(headers.get("retry-after"))
+        record.retry_after_s = framing.retry_after_s(headers.get("retry-after"))
         body, _whole = connection.read_bounded(headers, MAX_ERROR_BODY_BYTES)  # closed when longer
         return _finish(record, "http_error", error=body.decode("utf-8", "replace")[:200])
     if target.stream:
         return _read_stream(connection, headers, target, record, follow)
     body, whole = connection.read_bounded(headers, MAX_BODY_BYTES)
     if not whole:
-        raise http.ProtocolError(f"body: over the {MAX_BODY_BYTES >> 20} MiB a non-streamed reply may have "
+        raise framing.ProtocolError(f"body: over the {MAX_BODY_BYTES >> 20} MiB a non-streamed reply may have "
                                  "(MAX_BODY_BYTES)")
     return _read_body(body, target, record)
 
@@ -315,7 +315,7 @@ def _read_stream(connection: Connection, headers: dict[str, str], target: Target
 def _read_body(body: bytes, target: Target, record: RequestRecord) -> RequestRecord:
     data = parse_json(body, "body")
     if not isinstance(data, dict):
-        raise http.ProtocolError(f"body: a JSON {json_type(data)} where vLLM sends an object")
+        raise framing.ProtocolError(f"body: a JSON {json_type(data)} where vLLM sends an object")
     now = time.time()
     _fill_timing(record, target, now, now, [])
     return _check_usage(record, target, checked_usage(data.get("usage")))

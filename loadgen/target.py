@@ -31,7 +31,7 @@ import requests
 
 from batchscope.bounded_read import ERROR_MAX_BYTES, JSON_MAX_BYTES, Body, BodyTooLarge, FetchTimeout, read_body
 from batchscope.prompt_layout import ID_HIGH, ID_LOW, SALT_TOKENS, id_range, salt_capacity
-from loadgen import http
+from loadgen import framing
 from loadgen.prompts import WORDS, chat_messages, draw_prompt, prompt_bodies
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, SpecError, WorkloadSpec
 
@@ -84,8 +84,8 @@ class Target:
         return prompt_bodies(self.body, self.prefixes, self.worker, (self.id_low, self.id_high))
 
     @cached_property
-    def endpoint(self) -> http.Endpoint:
-        return http.Endpoint(self.url)
+    def endpoint(self) -> framing.Endpoint:
+        return framing.Endpoint(self.url)
 
 
 def build_target(spec: WorkloadSpec, host: str, session: requests.Session | None = None,

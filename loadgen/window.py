@@ -1,6 +1,6 @@
 """The measurement window: the one rule by which every reader of a run counts its requests.
 
-The summary (loadgen/summary.py), the web UI's LLM tab (loadgen/webui.py) and the live client metrics
+The summary (loadgen/summary.py), the web UI's LLM tab (loadgen/llm_tab.py) and the live client metrics
 (loadgen/metrics.py, fed by loadgen/control.py) all take the same population:
 
 * the window starts at the end of warm-up (run start + ``warmup_s``) and lasts ``duration_s``, cut short by an

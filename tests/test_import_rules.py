@@ -5,7 +5,9 @@ Data flows simulator → load generator → exporter → Prometheus → Grafana,
 - the tuner may import them all (it starts servers and loads, re-reads their files and runs the engine);
 - batchscope's shared modules import no component: batchscope/cli.py names the commands' modules as strings and
   imports only the chosen one (checked here against the components' cli modules);
-- batchscope.testkit, the support library of tests and benches, is imported only by tests/, bench/ and itself.
+- batchscope.testkit, the support library of tests and benches, is imported only by tests/, bench/ and itself;
+- in the load generator only its Locust adapter (loadgen/adapter/) imports Locust (or Flask, its web UI's): the
+  core (one request's stream, one run's sender, the controller and the figures) runs without it.
 A function-level import counts the same as a top-level one.
 """
 
@@ -33,6 +35,8 @@ ALLOWED = {
 }
 PROJECT = {*ALLOWED, "tests"}
 TESTKIT = "batchscope.testkit"
+LOCUST = ("locust", "flask")  # Flask: Locust's web UI, which the adapter extends
+ADAPTER = ROOT / "loadgen" / "adapter"
 
 
 @functools.cache
@@ -88,7 +92,18 @@ def test_only_tests_and_benches_import_the_testkit():
     assert users == []
 
 
+def imports_locust(path: Path) -> bool:
+    return any(name.split(".")[0] in LOCUST for name in imported_modules(path))
+
+
+def test_only_the_load_generators_adapter_imports_locust():
+    core = [path for path in sources("loadgen") if not path.is_relative_to(ADAPTER)]
+    assert [str(path.relative_to(ROOT)) for path in core if imports_locust(path)] == []
+    assert any(imports_locust(path) for path in sources("loadgen/adapter"))  # the rule looks where Locust is
+
+
 def test_the_rules_see_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from loadgen import spec\n    import tuner.plan\n")
-    assert {"loadgen", "loadgen.spec", "tuner.plan"} <= imported_modules(module)
+    module.write_text("def f():\n    from loadgen import spec\n    import tuner.plan\n"
+                      "if TYPE_CHECKING:\n    from locust.web import WebUI\n")
+    assert {"loadgen", "loadgen.spec", "tuner.plan"} <= imported_modules(module) and imports_locust(module)

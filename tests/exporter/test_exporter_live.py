@@ -25,7 +25,7 @@ def test_exported_values_equal_their_sources(simulator, exporters, tmp_path):
                                     "load": {"mode": "concurrency", "concurrency": 2}}))
     metrics_port, web_port = free_port(), free_port()
     # with its web UI Locust stays up after the run, so its final client metrics hold still
-    locust = subprocess.Popen([sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--host", sim.url,
+    locust = subprocess.Popen([sys.executable, "-m", "locust", "-f", "loadgen/adapter/locustfile.py", "--host", sim.url,
                                "--spec", str(spec), "--metrics-port", str(metrics_port), "--autostart",
                                "--web-host", "127.0.0.1", "--web-port", str(web_port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

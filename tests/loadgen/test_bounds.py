@@ -14,9 +14,10 @@ from email.utils import formatdate
 
 import pytest
 
-from loadgen import http
+from loadgen import framing
 from loadgen.faults import FaultLog
-from loadgen.http import Connection, ProtocolError, retry_after_s
+from loadgen.framing import ProtocolError, retry_after_s
+from loadgen.http import Connection
 from loadgen.request import MAX_EVENT_BYTES, RequestRecord, TokenStream, measure
 from loadgen.target import Target
 from tests.loadgen.test_frames import HEAD, canned_server, chunked, exchange, token
@@ -35,7 +36,7 @@ def test_a_chunk_whose_data_is_not_followed_by_crlf_or_whose_size_line_never_end
     with pytest.raises(ProtocolError, match="not followed by CRLF"):
         exchange(HEAD + b"3\r\nabcXY0\r\n\r\n")
     with pytest.raises(ProtocolError, match="MAX_CHUNK_LINE_BYTES"):
-        exchange(HEAD + b"1" * (http.MAX_CHUNK_LINE_BYTES + 1))
+        exchange(HEAD + b"1" * (framing.MAX_CHUNK_LINE_BYTES + 1))
 
 
 def test_a_chunk_larger_than_the_reads_that_bring_it_is_gathered_whole():

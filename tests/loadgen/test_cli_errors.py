@@ -1,4 +1,4 @@
-"""Bad input to `batchscope load` (and to `locust -f loadgen/locustfile.py`): one short line naming the field,
+"""Bad input to `batchscope load` (and to `locust -f loadgen/adapter/locustfile.py`): one short line naming the field,
 exit status 2, no traceback. Nothing here needs a server: every case is refused before a request is sent."""
 
 from __future__ import annotations

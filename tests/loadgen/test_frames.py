@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from loadgen.http import Connection, Endpoint, StreamBroken, encode_request
+from loadgen.framing import Endpoint, encode_request
+from loadgen.http import Connection, StreamBroken
 from loadgen.request import RequestRecord, TokenStream, measure
 from loadgen.target import Target
 

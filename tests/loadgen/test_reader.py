@@ -10,7 +10,8 @@ import time
 import gevent
 import pytest
 
-from loadgen.http import Connection, Endpoint, StreamBroken, Timeout, encode_request
+from loadgen.framing import Endpoint, encode_request
+from loadgen.http import Connection, StreamBroken, Timeout
 from loadgen.reader import StreamReader
 from tests.loadgen.test_frames import HEAD, chunked, exchange
 

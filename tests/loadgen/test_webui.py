@@ -26,9 +26,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.control import RunControl
+from loadgen.llm_tab import MAX_POINTS, MIN_READ_INTERVAL_S, History, LlmTab, ServerMetrics, Window, rows
 from loadgen.request import RequestRecord
 from loadgen.spec import load_spec
-from loadgen.webui import MAX_POINTS, MIN_READ_INTERVAL_S, History, LlmTab, ServerMetrics, Window, rows
 from tests.conftest import free_port, wait_until
 from tests.stubs import HttpStub, Reply
 
@@ -125,7 +125,7 @@ def exposition(preemptions: float, kv: tuple[float, float] = (0.25, 0.5)) -> str
 
 def tab_rows(ctl: RunControl, server: ServerMetrics) -> list[dict[str, str]]:
     """The rows the tab's /llm/state answers while the run goes on (a server read first, when due)."""
-    tab = LlmTab(lambda: ctl, lambda: "running", servers={ctl.host: server})
+    tab = LlmTab(lambda: ctl, lambda: False, servers={ctl.host: server})
     return tab.state()["rows"]
 
 
@@ -297,7 +297,7 @@ def locust_ui(tmp_path: Path, host: str, spec_text: str, *flags: str):
     locust_log = tmp_path / "locust.log"
     with open(locust_log, "w") as log:
         locust = subprocess.Popen(
-            [sys.executable, "-m", "locust", "-f", "loadgen/locustfile.py", "--host", host, "--spec", str(spec),
+            [sys.executable, "-m", "locust", "-f", "loadgen/adapter/locustfile.py", "--host", host, "--spec", str(spec),
              "--web-port", str(web_port), "--metrics-port", str(free_port()),
              "--autostart", *flags],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from loadgen.control import RunControl
+from loadgen.llm_tab import Window
 from loadgen.request import RequestRecord
 from loadgen.spec import load_spec
-from loadgen.webui import Window
 from loadgen.window import final_window, live_window
 
 CLOSED = ["input_tokens=8", "output_tokens=4", "load.mode=concurrency", "load.concurrency=2", "warmup_s=10",

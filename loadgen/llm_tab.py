@@ -1,12 +1,10 @@
-"""The "LLM" tab of Locust's web UI: a grid of cards for a screen, with the run's client-side figures, the
-server's own queue as vLLM's /metrics reports it, the serving configuration the server exposes, charts of all
-of these over the run, links to the Grafana dashboards, and the workload spec.
+"""The state of the "LLM" tab of Locust's web UI, on the controller: a grid of cards for a screen, with the run's
+client-side figures, the server's own queue as vLLM's /metrics reports it, the serving configuration the server
+exposes, charts of all of these over the run, links to the Grafana dashboards, and the workload spec.
 
-Locust's React UI shows extra tabs declared in ``web_ui.template_args["extended_tabs"]`` but can only fill one
-with a table. So the tab is declared without a table, and a script of ours (``static/llm_tab.js``, added to
-Locust's index page; plain DOM and SVG, nothing fetched from elsewhere: Locust's bundled echarts is internal to
-its bundle, not reachable from outside it) draws the grid into the tab and polls ``<base>/llm/state`` every 2 s.
-Only the controller (master or local runner) has a web UI, so the tab shows the merged view of every worker.
+``LlmTab.state()`` is what ``<base>/llm/state`` answers; loadgen/adapter/webui.py serves it in Locust's web UI,
+where ``adapter/static/llm_tab.js`` draws it. Only the controller (master or local runner) has a web UI, so the
+tab shows the merged view of every worker.
 
 Client figures follow the end-of-run summary (loadgen/summary.py): latencies of the requests completed ok in the
 measurement window (loadgen/window.py: ended after warm-up and within duration_s) with exact percentiles, in ms;
@@ -35,12 +33,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gevent
 import requests
-from flask import Blueprint, Response, jsonify, request
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.vllm_catalogue import sample_aliases
@@ -49,20 +45,11 @@ from loadgen.request import OUTCOMES
 from loadgen.spec import WorkloadSpec
 from loadgen.summary import Distribution, generator_line
 
-if TYPE_CHECKING:
-    from locust.web import WebUI
-
-TAB = "llm"
-STATIC = Path(__file__).with_name("static")
-SCRIPT = '<script src="./llm/static/llm_tab.js"></script>'  # relative: the index is served at <base>/
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 CHARTED_LATENCIES = ("ttft", "itl")
 PERCENTILES = ("p50", "p90", "p99")
 LOAD_LEVEL = {"concurrency": ("concurrency", "users"), "poisson": ("rate", "req/s"), "offline": ("requests", "total")}
 DASHBOARDS = {"overview": "batchscope-overview", "comparison": "batchscope-comparison"}  # fixed Grafana uids
-# Locust's runner states once a run has stopped (locust.runners.STATE_*, spelled out: importing Locust patches
-# the standard library, which a process must do first if at all)
-RUN_OVER = ("stopping", "stopped", "cleanup")
 
 SERVER_TIMEOUT_S = 1.0
 # a little under the UI's 2 s poll, so one browser gets a fresh reading on every poll while several browsers
@@ -233,7 +220,7 @@ class LlmTab:
     """The tab's state on the controller: the window's figures, the server's readings, the charts' history."""
 
     get_control: Callable[[], RunControl | None]
-    runner_state: Callable[[], str]
+    stopped_outside: Callable[[], bool]  # the run was stopped by other means than its controller (Locust's button)
     grafana_url: str = ""
     window: Window = field(default_factory=Window)
     history: History = field(default_factory=History)
@@ -244,8 +231,8 @@ class LlmTab:
         return self.servers.setdefault(ctl.host, ServerMetrics(ctl.host))
 
     def over(self, ctl: RunControl) -> bool:
-        """The run stopped: its end, a stop asked for, or Locust's Stop button (a runner state)."""
-        return ctl.stopping or self.runner_state() in RUN_OVER
+        """The run stopped: its end, a stop asked for, or Locust's Stop button (``stopped_outside``)."""
+        return ctl.stopping or self.stopped_outside()
 
     def sample(self, ctl: RunControl) -> None:
         """Bring the figures up to date and add a point to the charts (while the run is on)."""
@@ -278,33 +265,6 @@ class LlmTab:
         table = rows(ctl, self.window, self.server(ctl), self.grafana_url)
         return {"state": "stopped" if frozen else "running", "frozen": frozen, "rows": table,
                 "series": self.history.series()}
-
-
-def install(web_ui: WebUI, get_control: Callable[[], RunControl | None], grafana_url: str = "") -> None:
-    """Declare the LLM tab, add our script to Locust's page, serve the tab's state and start the sampler."""
-    web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": TAB}]
-    runner = web_ui.environment.runner
-    base_path = getattr(web_ui.environment.parsed_options, "web_base_path", None) or ""
-    tab = LlmTab(get_control, lambda: runner.state if runner is not None else "", grafana_url)
-    assert web_ui.app is not None
-    blueprint = Blueprint("batchscope_llm", __name__, url_prefix=f"{base_path.rstrip('/')}/llm",
-                          static_folder=STATIC, static_url_path="/static")
-
-    @blueprint.route("/state")
-    @web_ui.auth_required_if_enabled
-    def llm_state() -> Response:
-        return jsonify(tab.state())
-
-    web_ui.app.register_blueprint(blueprint)
-
-    @web_ui.app.after_request
-    def add_script(response: Response) -> Response:
-        if request.endpoint == "locust.index" and response.status_code == 200 and response.mimetype == "text/html":
-            response.set_data(response.get_data(as_text=True).replace("</body>", f"{SCRIPT}\n</body>", 1))
-        return response
-
-    gevent.spawn(read_at_window_start, get_control, tab.server)
-    gevent.spawn(sample_while_running, tab)
 
 
 def read_at_window_start(get_control: Callable[[], RunControl | None],

@@ -1,7 +1,7 @@
 """The locustfile's own command-line options (beside Locust's), and their checks for `locust -f` runs.
 
 `batchscope load` checks the same flags before it becomes Locust (loadgen/cli.py), so its user sees one line
-and nothing else; a run started with `locust -f loadgen/locustfile.py` is checked here, at init.
+and nothing else; a run started with `locust -f loadgen/adapter/locustfile.py` is checked here, at init.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from locust.env import Environment
 from locust.runners import MasterRunner, Runner, WorkerRunner
 from prometheus_client import CollectorRegistry
 
+from loadgen.adapter.stats import DeferredRequestEvents
 from loadgen.control import RunControl
-from loadgen.locust_stats import DeferredRequestEvents
 from loadgen.run import LoadRun
 from loadgen.spec import WorkloadSpec
 from loadgen.target import Target

@@ -14,8 +14,8 @@ from locust.runners import WorkerRunner
 from prometheus_client import generate_latest
 
 from batchscope import exits
-from loadgen.interrupts import finish_stop
-from loadgen.session import session
+from loadgen.adapter.interrupts import finish_stop
+from loadgen.adapter.session import session
 from loadgen.summary import Summary, print_summary
 
 log = logging.getLogger("batchscope.loadgen")

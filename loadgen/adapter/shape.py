@@ -16,7 +16,7 @@ from locust.env import Environment
 from locust.runners import MasterRunner
 
 from batchscope import exits
-from loadgen.session import options_of, runner_of, sender, session
+from loadgen.adapter.session import options_of, runner_of, sender, session
 from loadgen.spec import OfflineLoad, SpecError
 
 log = logging.getLogger("batchscope.loadgen")

@@ -15,9 +15,9 @@ import gevent
 from locust.env import Environment
 
 from batchscope import exits
+from loadgen.adapter.messages import quit_worker
+from loadgen.adapter.session import runner_of, session
 from loadgen.control import RunControl
-from loadgen.messages import quit_worker
-from loadgen.session import runner_of, session
 
 log = logging.getLogger("batchscope.loadgen")
 POLL_S = 0.05
@@ -30,7 +30,7 @@ def install_controller(environment: Environment) -> None:
 
 def install_worker(environment: Environment) -> None:
     # Locust would end a worker on the spot (KeyboardInterrupt), its in-flight requests and unsent records
-    # lost: report everything, then quit (SIGTERM goes through Locust's quitting event, loadgen/messages.py)
+    # lost: report everything, then quit (SIGTERM goes through Locust's quitting event, loadgen/adapter/messages.py)
     gevent.signal_handler(signal.SIGINT, quit_worker, environment)
 
 

@@ -13,8 +13,8 @@ import time
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
+from loadgen.adapter.session import runner_of, session, stop_sender
 from loadgen.report import WIRE_KEY, SenderReport
-from loadgen.session import runner_of, session, stop_sender
 
 log = logging.getLogger("batchscope.loadgen")
 STOP = "batchscope_stop"

@@ -1,10 +1,10 @@
 """Locust wiring: the event listeners through which every batchscope behaviour hangs off a Locust run.
 
 Importing this module registers them (listeners take **kwargs always, so new event fields don't break them):
-the locustfile's options (loadgen/options.py), the run's set-up at init for this process's role, and the
-summary at quitting (loadgen/finish.py). The parts: loadgen/session.py (the run's state per process and its
-roles), loadgen/shape.py (the load shape), loadgen/messages.py (worker ↔ master), loadgen/interrupts.py
-(SIGINT/SIGTERM), loadgen/control.py (the controller), loadgen/run.py (the sender).
+the locustfile's options (options.py), the run's set-up at init for this process's role, and the summary at
+quitting (finish.py). The adapter's other parts: session.py (the run's state per process and its roles),
+shape.py (the load shape), messages.py (worker ↔ master), interrupts.py (SIGINT/SIGTERM); the core's:
+loadgen/control.py (the controller), loadgen/run.py (the sender).
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from locust.runners import MasterRunner, Runner, WorkerRunner
 from prometheus_client import CollectorRegistry, start_http_server
 
 from batchscope import exits
-from loadgen import interrupts, messages
+from loadgen.adapter import interrupts, messages
+from loadgen.adapter.finish import on_quitting
+from loadgen.adapter.options import add_arguments, check_options
+from loadgen.adapter.session import new_control, options_of, session
+from loadgen.adapter.stats import take_over_csv
 from loadgen.checks import BadInput
 from loadgen.control import RunControl
-from loadgen.finish import on_quitting
 from loadgen.greenlets import work_when_idle
-from loadgen.locust_stats import take_over_csv
 from loadgen.metrics import ClientMetricsCollector, workload_labels
-from loadgen.options import add_arguments, check_options
-from loadgen.session import new_control, options_of, session
 from loadgen.spec import SpecError, load_spec
 
 log = logging.getLogger("batchscope.loadgen")
@@ -80,7 +80,7 @@ def _install(environment: Environment, runner: Runner, web_ui: Any) -> None:
         start_http_server(options.metrics_port, addr=options.metrics_host, registry=registry)
         log.info("client metrics on http://%s:%d/metrics", options.metrics_host, options.metrics_port)
     if web_ui is not None:
-        from loadgen import webui
+        from loadgen.adapter import webui
 
         webui.install(web_ui, lambda: session(environment).control, grafana_url=options.grafana_url)
 

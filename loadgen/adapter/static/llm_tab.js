@@ -1,6 +1,6 @@
-// The LLM tab of Locust's web UI (loadgen/webui.py): a grid of cards and SVG charts drawn into the tab Locust
-// declares, from ./llm/state polled every 2 s while the tab is shown. Plain DOM: nothing is loaded from
-// elsewhere, and every value is set as text (a server's labels are not markup).
+// The LLM tab of Locust's web UI (loadgen/adapter/webui.py; its state: loadgen/llm_tab.py): a grid of cards and
+// SVG charts drawn into the tab Locust declares, from ./llm/state polled every 2 s while the tab is shown. Plain
+// DOM: nothing is loaded from elsewhere, and every value is set as text (a server's labels are not markup).
 (() => {
   "use strict";
   const POLL_MS = 2000;

@@ -1,10 +1,10 @@
 """Locust entry point: fixed streaming load against a vLLM-compatible server, as the workload spec says.
 
-    locust -f loadgen/locustfile.py --spec spec.yaml --host http://127.0.0.1:8000      # web UI, LLM tab
+    locust -f loadgen/adapter/locustfile.py --spec spec.yaml --host http://127.0.0.1:8000      # web UI, LLM tab
     batchscope load --spec spec.yaml --workers 2 --out out/                             # headless
 
 The users only say *what* runs; timing, metrics, records and the end of the run hang off Locust's events
-(loadgen/listeners.py registers them on import), the load shape is loadgen/shape.py.
+(loadgen/adapter/listeners.py registers them on import), the load shape is loadgen/adapter/shape.py.
 """
 
 import time
@@ -12,10 +12,10 @@ import time
 import gevent
 from locust import LoadTestShape, User, constant, task
 
-import loadgen.listeners  # noqa: F401 (registers batchscope's options and event listeners)
-from loadgen import shape
+import loadgen.adapter.listeners  # noqa: F401 (registers batchscope's options and event listeners)
+from loadgen.adapter import shape
+from loadgen.adapter.session import sender
 from loadgen.http import ConnectionPool
-from loadgen.session import sender
 
 
 class StreamingUser(User):
