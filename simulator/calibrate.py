@@ -12,8 +12,9 @@ own histograms (prefill time, inter-token latency, queue time) are read from /me
 phase, the server idle in between; the client's TTFT gives the front end's cost (TTFT outside queue and prefill).
 
 The fit is calibrate_fit's. A probe is refused, in one line and with nothing written, when the server is
-unreachable or not vLLM, when the repeated phase moved more than NOISE_LIMIT (the server's timing is not steady
-enough to fit), or when the fitted model misses the measured figures by more than RESIDUAL_LIMIT (RMS).
+unreachable or not vLLM, when the repeated phase moved more than the noise limit (--noise-limit, default 15%: the
+server's timing is not steady enough to fit), or when the fitted model misses the measured figures by more than
+that limit (RMS of the relative errors).
 """
 
 from __future__ import annotations
@@ -49,8 +50,7 @@ from simulator.calibrate_fit import (
 from simulator.engine import SchedulerLimits
 from simulator.profile import Calibration, Profile, Residual
 
-NOISE_LIMIT = 0.15  # the repeated phase may move this much (relative) between its runs
-RESIDUAL_LIMIT = 0.15  # RMS of the fit's relative errors
+NOISE_LIMIT = 0.15  # default of both judges: the repeated phase's move, the RMS of the fit's relative errors
 MIN_PHASE_S = 2.0
 REPLAY_ROUNDS = 6  # fit, replay the phases with the fit's step times, fit again: until the terms move < 0.5%
 DECODE_OUTPUT = 64
@@ -294,15 +294,16 @@ def probe(server: Server, budget_s: float, seed: int, progress: Callable[[str], 
     return measured
 
 
-def fit_profile(server: Server, config: dict, budget_s: float, measured: list[Measured]) -> Profile:
+def fit_profile(server: Server, config: dict, budget_s: float, measured: list[Measured],
+                noise_limit: float = NOISE_LIMIT) -> Profile:
     """The profile fitted to a probe's phases (warm-up first, repeat last) with its calibration record;
     CalibrationError when the server's timing was too noisy or the fit misses (the module docstring's rule)."""
     facts = model_facts(config, server.kv_cache_memory_bytes, server.num_gpu_blocks * server.block_size)
     fitted, repeat = measured[1:-1], measured[-1]
     drift = repeat_drift(fitted[0], repeat)
-    if drift > NOISE_LIMIT:
+    if drift > noise_limit:
         raise CalibrationError(f"too noisy to fit: phase {fitted[0].phase.name} moved {drift:.0%} between its two "
-                               f"runs (limit {NOISE_LIMIT:.0%}); calibrate when the server's host is quieter")
+                               f"runs (limit {noise_limit:.0%}); calibrate when the server's host is quieter")
     frontend = fit_frontend(fitted)
     itl_1 = fitted[0].means["itl"] or fitted[0].means["prefill"] or 1e-3
     theta = Theta(itl_1, 0.0, 0.0, 0.0)  # a first schedule's step times; the fit's own replace it
@@ -315,14 +316,14 @@ def fit_profile(server: Server, config: dict, budget_s: float, measured: list[Me
                           predicted_s=predicted(theta, facts, o), error=predicted(theta, facts, o) / o.measured_s - 1)
                  for o in observations]
     rms = math.sqrt(sum(r.error ** 2 for r in residuals) / len(residuals))
-    if rms > RESIDUAL_LIMIT:
+    if rms > noise_limit:
         worst = max(residuals, key=lambda r: abs(r.error))
         raise CalibrationError(f"too noisy to fit: the fitted model misses vLLM's figures by {rms:.0%} RMS (limit "
-                               f"{RESIDUAL_LIMIT:.0%}; worst {worst.phase} {worst.figure} {worst.error:+.0%})")
+                               f"{noise_limit:.0%}; worst {worst.phase} {worst.figure} {worst.error:+.0%})")
     profile = base_profile(server, config, facts, theta, frontend)
     profile.calibration = Calibration(
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"), conditions=conditions(server), budget_s=budget_s,
-        residuals=residuals, rms_error=rms, repeat_drift=drift)
+        residuals=residuals, rms_error=rms, repeat_drift=drift, noise_limit=noise_limit)
     return profile
 
 

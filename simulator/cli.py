@@ -70,6 +70,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                            help="seconds of probe load in all (9 phases, 2 s each at least; each phase's load "
                                 "generator start comes on top)")
     calibrate.add_argument("--out", default="profile.yaml", help="the profile file to write")
+    calibrate.add_argument("--noise-limit", type=float, metavar="FRACTION",
+                           help="refuse when the repeated phase moved more than this, or the fit misses vLLM's "
+                                "figures by more (RMS of relative errors); default 0.15")
     calibrate.add_argument("--seed", type=int, help="the probe loads' prompt seed (default: a new one each time, so "
                            "no prompt of an earlier probe is in the server's prefix cache)")
     calibrate.set_defaults(run=run_calibrate)
@@ -107,8 +110,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     from simulator import calibrate  # requests, the fit: only for this command
 
+    if args.noise_limit is None:
+        args.noise_limit = calibrate.NOISE_LIMIT
+
     positive = {"--max-num-seqs": args.max_num_seqs, "--max-num-batched-tokens": args.max_num_batched_tokens,
-                "--budget-s": args.budget_s}
+                "--budget-s": args.budget_s, "--noise-limit": args.noise_limit}
     for flag, value in positive.items():
         if value <= 0:
             return _bad_input(f"{flag}: must be > 0, got {value:g}", "calibrate")
@@ -121,7 +127,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         seed = random.randrange(2**31) if args.seed is None else args.seed
         measured = calibrate.probe(server, args.budget_s, seed,
                                    progress=lambda line: print(f"batchscope sim calibrate: {line}", file=sys.stderr))
-        profile = calibrate.fit_profile(server, config, args.budget_s, measured)
+        profile = calibrate.fit_profile(server, config, args.budget_s, measured, args.noise_limit)
     except calibrate.CalibrationError as exc:
         return _bad_input(str(exc), "calibrate")
     calibrate.write_profile(profile, out)

@@ -69,6 +69,7 @@ class Calibration(BaseModel):
     rms_error: float = Field(description="Root mean square of the residuals' relative errors.")
     repeat_drift: float = Field(description="The repeated phase's change between its two runs (relative, largest "
                                 "of its figures): the server's own timing noise over the probe.")
+    noise_limit: float = Field(0.15, description="The limit both the drift and the RMS error were held to.")
 
 
 class Profile(BaseModel):
