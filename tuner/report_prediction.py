@@ -111,7 +111,7 @@ def prediction_blocks(plan_dir: Path) -> list[Block]:
     table = [[r.setting, r.figure, show[r.figure].show(r.predicted), show[r.figure].show(r.measured),
               f"{r.error:+.0%}" if show[r.figure].relative else f"{r.error:+.0f}",
               "n/a" if r.same_direction is None else "✓" if r.same_direction else "✗"] for r in rows]
-    worst = {}
+    worst: dict[str, float] = {}
     for r in rows:
         if show[r.figure].relative:
             worst[r.figure] = max(worst.get(r.figure, 0.0), abs(r.error))
