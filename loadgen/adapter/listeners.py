@@ -64,9 +64,7 @@ def _install(environment: Environment, runner: Runner, web_ui: Any) -> None:
         environment.process_exit_code = exits.BAD_INPUT
         runner.quit()
         return
-    options.batchscope_spec = spec.model_dump_json()  # custom options travel to workers with each spawn
-    ctl = new_control(environment, spec)
-    options.run_id = ctl.run_id  # travels to workers: request ids name their run
+    ctl = new_control(environment, spec)  # the spec is parsed here once; senders get it in their plan
     gevent.spawn(work_when_idle, lambda: ctl.drain(DRAIN_BATCH), ctl.backlog)  # records stored off the hot path
     interrupts.install_controller(environment)
     if isinstance(runner, MasterRunner):

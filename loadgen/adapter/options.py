@@ -26,9 +26,6 @@ def add_arguments(parser, **_kwargs) -> None:
     parser.add_argument("--metrics-host", default="127.0.0.1", help="address of the client /metrics")
     parser.add_argument("--grafana-url", default="", env_var="BATCHSCOPE_GRAFANA_URL", include_in_web_ui=False,
                         help="Grafana base URL: the web UI's LLM tab links its batchscope dashboards (empty = none)")
-    # set by the controller, read by the senders: the spec and the resolved request travel with each spawn
-    parser.add_argument("--batchscope-spec", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
-    parser.add_argument("--batchscope-target", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
     # set by `batchscope load`: the prompt token ids LOW,HIGH its pre-flight probed, so they are not probed again
     parser.add_argument("--batchscope-ids", default="", include_in_web_ui=False, help=argparse.SUPPRESS)
     # Locust's master port has no authentication and workers receive the target with its API key, and its web

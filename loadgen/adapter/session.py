@@ -4,7 +4,9 @@ process's role.
 Roles: a *sender* (worker or local runner) runs users and produces records (loadgen/run.py's LoadRun); the
 *controller* (master or local runner) merges reports, serves /metrics, writes records and the summary, and ends
 the run (loadgen/control.py's RunControl). A local runner is both. The session lives beside Locust's
-Environment (a weak mapping), not in attributes added to it.
+Environment (a weak mapping), not in attributes added to it, and Locust's options are only read: what a sender
+needs from the controller (its ``SenderPlan``) is handed over in process, or as a message to a worker
+(loadgen/adapter/messages.py).
 """
 
 from __future__ import annotations
@@ -26,11 +28,32 @@ from loadgen.spec import WorkloadSpec
 from loadgen.target import Target
 
 
+@dataclass(frozen=True)
+class SenderPlan:
+    """What the controller tells every sender at the run's start: the spec as parsed once, the resolved request."""
+
+    spec: WorkloadSpec
+    target: Target
+    run_id: str
+    workers: int  # how many senders share the load (arrivals and users are split by it)
+
+    def to_wire(self) -> dict[str, str | int]:
+        # the spec as dumped has its secrets masked: the API key travels in the target's headers
+        return {"spec": self.spec.model_dump_json(), "target": self.target.to_json(), "run_id": self.run_id,
+                "workers": self.workers}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> SenderPlan:
+        return cls(spec=WorkloadSpec.model_validate_json(data["spec"]), target=Target.from_json(data["target"]),
+                   run_id=data["run_id"], workers=int(data["workers"]))
+
+
 @dataclass
 class Session:
     """What batchscope keeps for the run in this process; a part is None where the role has none (yet)."""
 
-    sender: LoadRun | None = None  # built with the first user (a worker learns the spec from the first spawn)
+    plan: SenderPlan | None = None  # set at the run's start: a worker's comes as a message, a master keeps its own
+    sender: LoadRun | None = None  # built with the first user, from the plan
     events: DeferredRequestEvents | None = None  # the sender's records on their way into Locust's stats
     control: RunControl | None = None  # controller only: built at init from the spec
     registry: CollectorRegistry | None = None  # controller only: the merged client metrics
@@ -57,23 +80,30 @@ def runner_of(environment: Environment) -> Runner:
 
 
 def sender(environment: Environment) -> LoadRun:
-    """This process's LoadRun, built on first use (on a worker the spec arrives with the first spawn)."""
+    """This process's LoadRun, built on first use from the plan (which reaches a worker before its first spawn)."""
     state = session(environment)
     if state.sender is None:
-        options = options_of(environment)
-        spec = WorkloadSpec.model_validate_json(options.batchscope_spec)
+        plan = state.plan
+        assert plan is not None, "the controller's plan comes before the first user (loadgen/adapter/messages.py)"
         runner = runner_of(environment)
-        worker_index, workers = 0, 1
-        if isinstance(runner, WorkerRunner):
-            worker_index, workers = runner.worker_index, max(1, int(getattr(options, "expect_workers", 1) or 1))
-        events = DeferredRequestEvents(environment, spec.scenario)
-        target = replace(Target.from_json(options.batchscope_target), worker=worker_index)  # its own prompts
-        state.sender = LoadRun(spec, target, run_id=options.run_id,
-                               worker_index=worker_index, workers=workers, on_record=events.add)
+        worker_index = runner.worker_index if isinstance(runner, WorkerRunner) else 0
+        events = DeferredRequestEvents(environment, plan.spec.scenario)
+        target = replace(plan.target, worker=worker_index)  # its own prompts
+        state.sender = LoadRun(plan.spec, target, run_id=plan.run_id,
+                               worker_index=worker_index, workers=plan.workers, on_record=events.add)
         state.events = events
         if state.stop_requested:  # users spawned after the stop came (a signal mid-spawn): they idle
             state.sender.stop_now()
     return state.sender
+
+
+def sender_plan(environment: Environment, ctl: RunControl) -> SenderPlan:
+    """The plan of the run ``ctl`` began; a master's workers share its load (as many as it expects)."""
+    assert ctl.target is not None, "a run that began"
+    workers = 1
+    if isinstance(runner_of(environment), MasterRunner):
+        workers = max(1, int(getattr(options_of(environment), "expect_workers", 1) or 1))
+    return SenderPlan(ctl.spec, ctl.target, ctl.run_id, workers)
 
 
 def stop_sender(environment: Environment) -> LoadRun | None:

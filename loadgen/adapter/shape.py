@@ -16,7 +16,8 @@ from locust.env import Environment
 from locust.runners import MasterRunner
 
 from batchscope import exits
-from loadgen.adapter.session import options_of, runner_of, sender, session
+from loadgen.adapter import messages
+from loadgen.adapter.session import runner_of, sender, session
 from loadgen.spec import OfflineLoad, SpecError
 
 log = logging.getLogger("batchscope.loadgen")
@@ -35,8 +36,7 @@ def tick(environment: Environment, closed_user: type, open_user: type) -> tuple 
             log.error("%s", exc)
             environment.process_exit_code = exits.BAD_INPUT
             return None
-        assert ctl.target is not None
-        options_of(environment).batchscope_target = ctl.target.to_json()  # travels with the spawn
+        messages.start_senders(environment, ctl)  # before the users: their senders need the plan
     if not ctl.stopping and ctl.should_end():
         ctl.begin_stop()
     if ctl.stopping and ctl.stopped():

@@ -96,14 +96,10 @@ def take_over_csv(environment) -> Callable[[], None]:
 def write_final_tables(writer: StatsCSVFileWriter) -> None:
     """Rewrite the requests, failures and exceptions files with the final counts: the greenlet's last pass
     (once a second) may predate the last requests. The history file is appended to as it goes: left as is."""
-    tables = ((writer.requests_csv_filehandle, writer.requests_csv_writer, writer.requests_csv_columns,
-               writer._requests_data_rows),
-              (writer.failures_csv_filehandle, writer.failures_csv_writer, writer.failures_columns,
-               writer._failures_data_rows),
-              (writer.exceptions_csv_filehandle, writer.exceptions_csv_writer, writer.exceptions_columns,
-               writer._exceptions_data_rows))
-    for handle, out, columns, write_rows in tables:
+    tables = ((writer.requests_csv_filehandle, writer.requests_csv_writer, writer.requests_csv),
+              (writer.failures_csv_filehandle, writer.failures_csv_writer, writer.failures_csv),
+              (writer.exceptions_csv_filehandle, writer.exceptions_csv_writer, writer.exceptions_csv))
+    for handle, out, write_table in tables:  # each writes its header, then its rows
         handle.seek(0)
         handle.truncate()
-        out.writerow(columns)
-        write_rows(out)
+        write_table(out)
