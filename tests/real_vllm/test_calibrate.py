@@ -36,7 +36,8 @@ from tuner.plan import Plan
 from tuner.whatif import run_what_if
 
 # the calibration (~27 s of load + 9 load generator starts), five real runs and three vLLM starts: ~3-5 min here
-pytestmark = pytest.mark.timeout(900)
+# ~6 min on 2 cores: left out of `make test` (CI's budget) until issue 23's fit holds; `make test-calibration`
+pytestmark = [pytest.mark.timeout(900), pytest.mark.calibration]
 BUDGET_S = 27
 # the shared 2-core CI machine's timing: the probe's repeated phase moved 18%, 41% and 48% in three probes here,
 # and the fit's RMS error was 16-34%; the default limit (15%) refuses such a probe, as it should on a real server
