@@ -54,7 +54,9 @@ def test_256_streams_leave_on_time_so_the_counted_ttft_is_the_servers(simulator,
     assert summary["spec"]["load"]["ramp_up_s"] == pytest.approx(STREAMS * RAMP_PER_USER_S)
     first_wave = sorted(t["arrival_s"] for t in truth.values() if t["request_id"].startswith(counted[0]["request_id"]
                                                                                              .rsplit("-", 1)[0]))
-    assert first_wave[STREAMS - 1] - first_wave[0] >= 0.5 * STREAMS * RAMP_PER_USER_S  # the users did ramp
+    # the users did ramp: a burst sends its first 256 within ~30 ms; ramped, they span much of the ramp (not all
+    # of it: the first users' second requests arrive before the last users' first, the sooner the faster the server)
+    assert first_wave[STREAMS - 1] - first_wave[0] >= 0.25 * STREAMS * RAMP_PER_USER_S
     # a closed loop counts from the write; the dispatch lag (its users' readiness -> the write) stays reported on
     # its own, over every request sent
     assert all(r["ttft_s"] == pytest.approx(r["first_token_s"] - r["sent_s"], abs=1e-6) for r in counted)
