@@ -35,6 +35,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchscope.bounded_read import METRICS_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
 from simulator.calibrate_fit import (
     ModelFacts,
     Observation,
@@ -56,6 +57,7 @@ REPLAY_ROUNDS = 6  # fit, replay the phases with the fit's step times, fit again
 DECODE_OUTPUT = 64
 PREFILL_OUTPUT = 8
 HTTP_TIMEOUT_S = 10.0
+_SESSION = requests.Session()  # one connection to the probed server across the phases' reads
 IDLE_DEADLINE_S = 60.0
 LOAD_GRACE_S = 120.0  # a phase's `batchscope load` may take this long beyond its duration (start-up, its end)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -89,12 +91,26 @@ class Server:
                                self.num_gpu_blocks)
 
 
-def _get(url: str, path: str) -> requests.Response:
+@dataclass(frozen=True)
+class Reply:
+    """A peer's answer, read whole within HTTP_TIMEOUT_S and METRICS_MAX_BYTES (an error's body is not kept)."""
+
+    status_code: int
+    text: str
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def _get(url: str, path: str) -> Reply:
     try:
-        response = requests.get(url.rstrip("/") + path, timeout=HTTP_TIMEOUT_S)
-    except requests.RequestException as exc:
+        body = fetch(_SESSION, url.rstrip("/") + path, deadline=time.monotonic() + HTTP_TIMEOUT_S,
+                     max_bytes=METRICS_MAX_BYTES)
+    except requests.HTTPError as exc:
+        return Reply(exc.response.status_code if exc.response is not None else 0, "")
+    except (requests.RequestException, FetchTimeout, BodyTooLarge) as exc:
         raise CalibrationError(f"--url: cannot reach {url} ({type(exc).__name__})") from None
-    return response
+    return Reply(200, body.text())
 
 
 def read_server(url: str, max_num_seqs: int, max_num_batched_tokens: int) -> Server:
@@ -193,7 +209,7 @@ class Measured:
 def run_phase(server: Server, phase: Phase, workdir: Path, seed: int) -> Measured:
     """Run ``phase`` with `batchscope load` and read vLLM's histograms over it (the server idle before and after)."""
     wait_idle(server.url)
-    before = _histograms(_get(server.url, "/metrics").text)
+    before = sample_sums(_get(server.url, "/metrics").text)
     out = workdir / phase.name
     spec = {"model": server.model, "endpoint": "completions", "input_tokens": phase.prompt,
             "output_tokens": phase.output, "stream": True, "timeout_s": 60, "seed": seed, "warmup_s": 0,
@@ -211,7 +227,7 @@ def run_phase(server: Server, phase: Phase, workdir: Path, seed: int) -> Measure
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise CalibrationError(f"probe phase {phase.name}: batchscope load failed ({last})")
     wait_idle(server.url)
-    after = _histograms(_get(server.url, "/metrics").text)
+    after = sample_sums(_get(server.url, "/metrics").text)
     means = {}
     for figure, name in FIGURES.items():
         count = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
@@ -220,8 +236,8 @@ def run_phase(server: Server, phase: Phase, workdir: Path, seed: int) -> Measure
     return Measured(phase, means, summary["ttft"]["mean"])
 
 
-def _histograms(text: str) -> dict[str, float]:
-    """Every sample's value summed over its series, by sample name."""
+def sample_sums(text: str) -> dict[str, float]:
+    """Every sample's value of a /metrics text summed over its series, by sample name."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -233,7 +249,7 @@ def wait_idle(url: str) -> None:
     """Poll until no request is running or waiting (a phase's cut requests end after its load does)."""
     deadline = time.monotonic() + IDLE_DEADLINE_S
     while time.monotonic() < deadline:
-        values = _histograms(_get(url, "/metrics").text)
+        values = sample_sums(_get(url, "/metrics").text)
         if values.get("vllm:num_requests_running", 0.0) + values.get("vllm:num_requests_waiting", 0.0) == 0:
             return
         time.sleep(0.1)  # polling interval, bounded by the deadline

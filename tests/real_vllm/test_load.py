@@ -14,24 +14,15 @@ before vLLM has it) and must stay within 100 ms + 50% above it.
 from __future__ import annotations
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.spec import WorkloadSpec
 from loadgen.target import probes_answered
+from simulator.calibrate import sample_sums
 from tests.conftest import run_load
 from tests.real_vllm.support import SERVED_NAME, VllmServer, tier
 
 UNDERCUT_S = 0.005  # the client's mean may read below vLLM's by timer granularity, not more
 OVER_S, OVER_RATIO = 0.100, 0.5
-
-
-def sums(text: str) -> dict[str, float]:
-    """Every sample summed over its labels, by sample name."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + sample.value
-    return out
 
 
 def delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
@@ -70,9 +61,9 @@ def assert_vllm_finished(before: dict, after: dict, served: int, cut: int) -> No
 
 
 def run_measured(vllm: VllmServer, tmp_path, load_spec: dict):
-    before = sums(vllm.metrics())
+    before = sample_sums(vllm.metrics())
     result = run_load(tmp_path, load_spec, vllm.url)
-    after = sums(vllm.metrics())
+    after = sample_sums(vllm.metrics())
     return result, before, after
 
 
