@@ -1,14 +1,14 @@
 """Run the engine core on a virtual clock: minutes of load in a fraction of a second, deterministically.
 
 Used by the tests and for what-if runs: hand it a workload (arrival times and lengths) and it steps the
-engine from event to event, never sleeping. ``run_virtual`` runs a fixed workload to its end; ``run_timed``
-runs a load that stops, as the load generator's does (closed-loop users with ``ClosedLoop``, or fixed arrivals
-with ``FixedArrivals``), cutting what is in flight at the stop. The engine's front-end latencies
-(``engine.frontend``) apply as in the real-time server: a request reaches the engine after its input path, and
-the times recorded for its tokens include the output path; arrivals stay the client's. A timed run counts a
-request in flight, as its client does, from when it is sent until its last token has come back through the
-output path. A timed run can give its requests prompt token ids (``prompts``), so the engine's prefix cache
-sees the same sharing as under the load generator's prompts.
+engine from event to event, never sleeping. ``run_timed`` runs a load that stops, as the load generator's does
+(closed-loop users with ``ClosedLoop``, or fixed arrivals with ``FixedArrivals``), cutting what is in flight at
+the stop; ``run_virtual`` runs a fixed workload to its end, on the same event loop (``_EventLoop``). The
+engine's front-end latencies (``engine.frontend``) apply as in the real-time server: a request reaches the
+engine after its input path, and the times recorded for its tokens include the output path; arrivals stay the
+client's. A run counts a request in flight, as its client does, from when it is sent until its last token has
+come back through the output path. A timed run can give its requests prompt token ids (``prompts``), so the
+engine's prefix cache sees the same sharing as under the load generator's prompts.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Protocol
 
 import numpy as np
 
-from simulator.engine import EngineCore, Step
+from simulator.engine import EngineCore, Step, StepOutput
 from simulator.finish import REASON_NAMES
 from simulator.prefix_cache import block_hashes
 
@@ -84,42 +84,13 @@ def add_to_engine(engine: EngineCore, spec: RequestSpec, now: float) -> int:
 
 
 def run_virtual(engine: EngineCore, workload: Sequence[RequestSpec], max_steps: int = 5_000_000) -> SimulationResult:
-    """Feed ``workload`` to ``engine`` at its arrival times and step until every request is back at its client."""
-    frontend = engine.frontend
-    reach = [spec.arrival + frontend.input_s(spec.prompt_len) for spec in workload]  # when the engine sees each
-    pending = sorted(range(len(workload)), key=lambda i: reach[i])
-    slot_to_index: dict[int, int] = {}
-    result = SimulationResult()
-    now, next_arrival = 0.0, 0
-    waiting_area = running_area = 0.0
-    while result.steps < max_steps:
-        while next_arrival < len(pending) and reach[pending[next_arrival]] <= now:
-            index = pending[next_arrival]
-            slot_to_index[add_to_engine(engine, workload[index], reach[index])] = index
-            next_arrival += 1
-        step = engine.schedule(now)
-        if step is None:
-            if next_arrival == len(pending):
-                break
-            now = reach[pending[next_arrival]]
-            continue
-        result.max_waiting = max(result.max_waiting, engine.num_waiting)
-        waiting_area += engine.num_waiting * (step.end - step.start)
-        running_area += engine.num_running * (step.end - step.start)
-        result.max_kv_cache_usage = max(result.max_kv_cache_usage, engine.kv_cache_usage)
-        output = engine.complete(step, step.end)
-        result.steps += 1
-        now = step.end
-        for slot, reason in zip(output.finished_slots.tolist(), output.finish_reasons.tolist(), strict=True):
-            index = slot_to_index.pop(slot)
-            result.records.append(_record(engine, slot, index, workload[index].arrival, reason))
-    else:
-        raise RuntimeError(f"virtual run did not finish within max_steps={max_steps}")
-    now = max([now] + [record.finished for record in result.records])  # the last token's way back to its client
-    result.duration = now
-    if now > 0:
-        result.mean_waiting = waiting_area / now
-        result.mean_running = running_area / now
+    """Feed ``workload`` to ``engine`` at its arrival times and step until every request is back at its client:
+    run_timed's loop with fixed arrivals, no stop and no token gaps kept. A record's index is its request's place
+    in ``workload``."""
+    place = sorted(range(len(workload)), key=lambda i: workload[i].arrival)  # FixedArrivals' order -> place
+    run = _EventLoop(engine, FixedArrivals(workload), math.inf, keep_gaps=False).run(max_steps)
+    result = SimulationResult(**{part.name: getattr(run, part.name) for part in fields(SimulationResult)})
+    result.records = [replace(record, index=place[record.index]) for record in run.records]
     return result
 
 
@@ -227,89 +198,151 @@ def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf,
     last token reaches the client (after the output path). ``on_step`` sees each step right after it is
     scheduled (the batch it runs with), before its results apply. Token gaps are kept for every finished request.
     """
-    result = TimedResult(stop=stop)
-    frontend = engine.frontend
-    slot_to_index: dict[int, int] = {}
-    transit: list[tuple[float, int, RequestSpec]] = []  # sent, on their input path: (reaches engine, index, spec)
-    returning: deque[RequestRecord] = deque()  # done in the engine, last token on its output path (FIFO by end)
-    gap_index: list[np.ndarray] = []
-    gap_value: list[np.ndarray] = []
-    arrivals: dict[int, float] = {}  # request index -> when its client sent it
-    index_of = np.full(engine.slots.capacity, -1, dtype=np.int64)  # slot -> request index, for vectorised lookups
-    now = waiting_area = running_area = 0.0
-    while result.steps < max_steps:
-        while returning and returning[0].finished <= now:
-            record = returning.popleft()
-            result.records.append(record)
-            source.finished(record.index, record.finished)
-        while source.next_time() <= now:
-            spec = source.take()
-            if max_in_flight is not None and len(slot_to_index) + len(transit) + len(returning) >= max_in_flight:
+    loop = _EventLoop(engine, source, stop, max_in_flight=max_in_flight, on_step=on_step, prompts=prompts)
+    return loop.run(max_steps)
+
+
+class _EventLoop:
+    """One run on the virtual clock, moved from event to event: an arrival is sent, a sent request reaches the
+    engine (after its input path), a step ends, a last token reaches its client (after its output path).
+
+    A request is in flight from its send until its last token is back: on its input path (``transit``), in the
+    engine (``slot_to_index``), then on its output path (``returning``).
+    """
+
+    def __init__(self, engine: EngineCore, source: ArrivalSource, stop: float, *, max_in_flight: int | None = None,
+                 on_step: StepObserver | None = None, prompts: PromptIds | None = None,
+                 keep_gaps: bool = True) -> None:
+        self.engine, self.source, self.stop = engine, source, stop
+        self.max_in_flight, self.on_step, self.prompts = max_in_flight, on_step, prompts
+        self.result = TimedResult(stop=stop)
+        self.now = self.waiting_area = self.running_area = 0.0
+        self.transit: list[tuple[float, int, RequestSpec]] = []  # (reaches the engine, index, spec), a heap
+        self.slot_to_index: dict[int, int] = {}
+        self.returning: deque[RequestRecord] = deque()  # FIFO by when they are back: every output path is alike
+        self.arrivals: dict[int, float] = {}  # request index -> when its client sent it
+        self.gaps = _TokenGaps(engine.slots.capacity) if keep_gaps else None
+
+    def run(self, max_steps: int) -> TimedResult:
+        while self.result.steps < max_steps:
+            self._deliver_returned()
+            self._send_due()
+            self._admit_reached()
+            step = self.engine.schedule(self.now)
+            if step is None:
+                if self._idle_to_next_event():
+                    continue
+                break
+            if self.on_step is not None:
+                self.on_step(self.engine, step)
+            if step.end > self.stop:
+                self.now = self.stop  # the step running at the stop never delivers
+                break
+            self._complete(step)
+        else:
+            raise RuntimeError(f"virtual run did not finish within max_steps={max_steps}")
+        return self._close()
+
+    def _in_flight(self) -> int:
+        return len(self.transit) + len(self.slot_to_index) + len(self.returning)
+
+    def _deliver_returned(self) -> None:
+        while self.returning and self.returning[0].finished <= self.now:
+            record = self.returning.popleft()
+            self.result.records.append(record)
+            self.source.finished(record.index, record.finished)
+
+    def _send_due(self) -> None:
+        result = self.result
+        while self.source.next_time() <= self.now:
+            spec = self.source.take()
+            if self.max_in_flight is not None and self._in_flight() >= self.max_in_flight:
                 result.refused += 1  # keeps its index; open loop only (a closed loop never exceeds its users)
                 continue
             index = result.issued + result.refused
-            if prompts is not None:
-                spec = replace(spec, prompt_ids=tuple(prompts(result.issued)))
-            arrivals[index] = spec.arrival
-            heapq.heappush(transit, (spec.arrival + frontend.input_s(spec.prompt_len), index, spec))
+            if self.prompts is not None:
+                spec = replace(spec, prompt_ids=tuple(self.prompts(result.issued)))
+            self.arrivals[index] = spec.arrival
+            heapq.heappush(self.transit, (spec.arrival + self.engine.frontend.input_s(spec.prompt_len), index, spec))
             result.issued += 1
-        while transit and transit[0][0] <= now:
-            reach, index, spec = heapq.heappop(transit)
-            slot = add_to_engine(engine, spec, reach)
-            slot_to_index[slot] = index
-            if slot >= index_of.size:
-                index_of = np.concatenate((index_of, np.full(max(slot + 1, engine.slots.capacity) - index_of.size, -1)))
-            index_of[slot] = index
-        step = engine.schedule(now)
-        if step is None:
-            due = min(source.next_time(), transit[0][0] if transit else math.inf,
-                      returning[0].finished if returning else math.inf)
-            if due >= stop or due == math.inf:
-                now = stop if stop < math.inf else now  # idle to the stop: the run still lasted until then
-                break
-            now = due
-            continue
-        if on_step is not None:
-            on_step(engine, step)
-        if step.end > stop:
-            now = stop
-            break
+
+    def _admit_reached(self) -> None:
+        while self.transit and self.transit[0][0] <= self.now:
+            reach, index, spec = heapq.heappop(self.transit)
+            slot = add_to_engine(self.engine, spec, reach)
+            self.slot_to_index[slot] = index
+            if self.gaps is not None:
+                self.gaps.place(slot, index, self.engine.slots.capacity)
+
+    def _idle_to_next_event(self) -> bool:
+        """Nothing to schedule: move the clock to the next event before the stop; False when there is none."""
+        due = min(self.source.next_time(), self.transit[0][0] if self.transit else math.inf,
+                  self.returning[0].finished if self.returning else math.inf)
+        if due >= self.stop or due == math.inf:
+            self.now = self.stop if self.stop < math.inf else self.now  # idle to the stop: the run still lasted
+            return False
+        self.now = due
+        return True
+
+    def _complete(self, step: Step) -> None:
+        engine, result = self.engine, self.result
         result.max_waiting = max(result.max_waiting, engine.num_waiting)
-        waiting_area += engine.num_waiting * (step.end - step.start)
-        running_area += engine.num_running * (step.end - step.start)
+        self.waiting_area += engine.num_waiting * (step.end - step.start)
+        self.running_area += engine.num_running * (step.end - step.start)
         result.max_kv_cache_usage = max(result.max_kv_cache_usage, engine.kv_cache_usage)
-        last_token = engine.slots.last_token.copy()  # complete() overwrites it; the gap is measured from it
+        last_token = engine.slots.last_token.copy() if self.gaps is not None else None  # complete() overwrites it
         output = engine.complete(step, step.end)
         result.steps += 1
-        now = step.end
+        self.now = step.end
+        if self.gaps is not None and last_token is not None:
+            self.gaps.add(output, self.now, last_token)
+        for slot, reason in zip(output.finished_slots.tolist(), output.finish_reasons.tolist(), strict=True):
+            index = self.slot_to_index.pop(slot)
+            self.returning.append(_record(engine, slot, index, self.arrivals.pop(index), reason))
+
+    def _close(self) -> TimedResult:
+        result, now = self.result, self.now
+        back = [record for record in self.returning if record.finished <= now]  # came back while the last step ran
+        result.records.extend(back)
+        result.cut = self._in_flight() - len(back)
+        result.duration = now
+        if now > 0:
+            result.mean_waiting = self.waiting_area / now
+            result.mean_running = self.running_area / now
+        if self.gaps is not None:
+            result.gaps = self.gaps.grouped({record.index for record in result.records})
+        return result
+
+
+class _TokenGaps:
+    """Every gap between a request's consecutive tokens, gathered a step at a time and grouped per request once."""
+
+    def __init__(self, capacity: int) -> None:
+        self.index_of = np.full(capacity, -1, dtype=np.int64)  # slot -> request index, for vectorised lookups
+        self.indices: list[np.ndarray] = []
+        self.values: list[np.ndarray] = []
+
+    def place(self, slot: int, index: int, capacity: int) -> None:
+        if slot >= self.index_of.size:
+            self.index_of = np.concatenate((self.index_of, np.full(max(slot + 1, capacity) - self.index_of.size, -1)))
+        self.index_of[slot] = index
+
+    def add(self, output: StepOutput, now: float, last_token: np.ndarray) -> None:
+        """The gaps of a step's tokens after each request's first, measured from its previous token."""
         decoded = output.token_slots[output.token_index > 1]
         if decoded.size:
-            gap_index.append(index_of[decoded])
-            gap_value.append(now - last_token[decoded])
-        for slot, reason in zip(output.finished_slots.tolist(), output.finish_reasons.tolist(), strict=True):
-            index = slot_to_index.pop(slot)
-            returning.append(_record(engine, slot, index, arrivals.pop(index), reason))
-    else:
-        raise RuntimeError(f"virtual run did not finish within max_steps={max_steps}")
-    back = [record for record in returning if record.finished <= now]  # came back while the last step ran
-    result.records.extend(back)
-    result.cut = len(slot_to_index) + len(transit) + len(returning) - len(back)
-    result.duration = now
-    if now > 0:
-        result.mean_waiting = waiting_area / now
-        result.mean_running = running_area / now
-    result.gaps = _group_gaps(gap_index, gap_value, {r.index for r in result.records})
-    return result
+            self.indices.append(self.index_of[decoded])
+            self.values.append(now - last_token[decoded])
 
+    def grouped(self, keep: set[int]) -> dict[int, np.ndarray]:
+        """Per-request gap arrays (in token order) for the requests in ``keep``; one sort instead of per-token work."""
+        if not self.indices:
+            return {}
+        index, value = np.concatenate(self.indices), np.concatenate(self.values)
+        order = np.argsort(index, kind="stable")  # stable: each request's gaps stay in time order
+        index, value = index[order], value[order]
+        bounds = np.flatnonzero(np.diff(index)) + 1
+        starts = np.concatenate(([0], bounds))
+        return {int(index[s]): part for s, part in zip(starts, np.split(value, bounds), strict=True)
+                if int(index[s]) in keep}
 
-def _group_gaps(indices: list[np.ndarray], values: list[np.ndarray], keep: set[int]) -> dict[int, np.ndarray]:
-    """Per-request gap arrays (in token order) for the requests in ``keep``; one sort instead of per-token work."""
-    if not indices:
-        return {}
-    index, value = np.concatenate(indices), np.concatenate(values)
-    order = np.argsort(index, kind="stable")  # stable: each request's gaps stay in time order
-    index, value = index[order], value[order]
-    bounds = np.flatnonzero(np.diff(index)) + 1
-    starts = np.concatenate(([0], bounds))
-    return {int(index[s]): part for s, part in zip(starts, np.split(value, bounds), strict=True)
-            if int(index[s]) in keep}
