@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 import gevent
 import gevent.event
 import gevent.pool
-import numpy as np
 
+from batchscope import poisson
 from loadgen import http
 from loadgen.faults import FaultLog
 from loadgen.greenlets import sleep_until
@@ -44,13 +44,7 @@ def arrival_times(spec: WorkloadSpec, start: float, worker_index: int, workers: 
         return
     assert isinstance(load, PoissonLoad)
     # independent streams per worker: the superposition of Poisson processes at λ/W is Poisson at λ
-    rng = np.random.default_rng([spec.seed, worker_index])
-    scale = workers / load.rate
-    moment = start
-    while True:
-        for gap in rng.exponential(scale, size=256):
-            moment += float(gap)
-            yield moment
+    yield from poisson.times(load.rate, spec.seed, sender=worker_index, senders=workers, start=start)
 
 
 RECONNECT_DELAY_S = 0.1  # a dead server: don't spin, but keep trying (and counting attempts) at 10 a second

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from batchscope import poisson
 from simulator.engine import EngineCore, Step, StepOutput
 from simulator.finish import REASON_NAMES
 from simulator.prefix_cache import block_hashes
@@ -70,9 +71,8 @@ class SimulationResult:
 def poisson_workload(
     rate: float, count: int, prompt_len: int, max_tokens: int, seed: int = 0
 ) -> list[RequestSpec]:
-    """``count`` identical requests with exponential inter-arrival gaps at ``rate`` per second."""
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=count)
-    return [RequestSpec(float(t), prompt_len, max_tokens) for t in np.cumsum(gaps)]
+    """``count`` identical requests arriving at ``rate`` per second (batchscope.poisson, one sender's stream)."""
+    return [RequestSpec(t, prompt_len, max_tokens) for t in poisson.first(count, rate, seed).tolist()]
 
 
 def add_to_engine(engine: EngineCore, spec: RequestSpec, now: float) -> int:

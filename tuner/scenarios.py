@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from batchscope import poisson
 from loadgen.spec import PoissonLoad
 from tuner.backends import Server, make_server
 from tuner.mlperf import (
@@ -137,7 +138,7 @@ class _Points:
 def measure_what_if(point_plan: Plan, setting: str, params: ServingParams) -> tuple[RunResult, PointFlow | None]:
     """A server point on the virtual clock (repeat 0) and its flow: the arrivals are the ones run_what_if draws
     (same seed), the queue the engine's at every step."""
-    from tuner.whatif import poisson_arrivals, run_what_if  # the virtual clock: another module's, loaded when used
+    from tuner.whatif import run_what_if  # the virtual clock: another module's, loaded when used
 
     load = point_plan.workload.load
     assert isinstance(load, PoissonLoad), "a server point is a Poisson run (mlperf.poisson_plan)"
@@ -147,7 +148,7 @@ def measure_what_if(point_plan: Plan, setting: str, params: ServingParams) -> tu
         return run, None
     start = point_plan.warmup_s
     end = start + point_plan.window_s
-    arrivals = poisson_arrivals(load.rate, end, point_plan.workload.seed)
+    arrivals = poisson.before(end, load.rate, point_plan.workload.seed)
     return run, flow_of(int((arrivals >= start).sum()), trace.samples, start, end)
 
 

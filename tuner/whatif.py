@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import ValidationError
 
+from batchscope import poisson
 from batchscope.prompt_layout import ID_HIGH, ID_LOW, id_range, prompt_ids
 from batchscope.secrets import mask_argv
 from loadgen.prompts import draw_prompt
@@ -171,17 +172,8 @@ def _source(spec: WorkloadSpec, repeat: int) -> ClosedLoop | FixedArrivals:
         return ClosedLoop(load.concurrency, *lengths, ramp_up_s=load.ramp_up_s, issue_until=_stop(spec))
     if isinstance(load, OfflineLoad):
         return FixedArrivals([RequestSpec(0.0, *lengths) for _ in range(load.requests)])
-    arrivals = poisson_arrivals(load.rate, _stop(spec), spec.seed + repeat)
+    arrivals = poisson.before(_stop(spec), load.rate, spec.seed + repeat)  # the load generator's one sender's
     return FixedArrivals([RequestSpec(t, *lengths) for t in arrivals.tolist()])
-
-
-def poisson_arrivals(rate: float, until: float, seed: int) -> np.ndarray:
-    """Arrival times in [0, until) at exponential gaps, drawn as the load generator's single worker draws them."""
-    rng = np.random.default_rng([seed, 0])
-    times = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * until * 1.2) + 64))
-    while times[-1] < until:  # rarely: the draw fell short of the window
-        times = np.concatenate((times, times[-1] + np.cumsum(rng.exponential(1.0 / rate, size=times.size))))
-    return times[times < until]
 
 
 def _stop(spec: WorkloadSpec) -> float:
