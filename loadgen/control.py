@@ -56,7 +56,6 @@ class RunControl:
     sender_count: Callable[[], int]  # how many senders there are
     pull: Callable[[], None] | None = None  # local runner: fetch the in-process sender's report
     ids: tuple[int, int] | None = None  # the prompt token ids `batchscope load`'s pre-flight found (None: probe)
-    stats: ClientStats = field(default_factory=ClientStats)  # the live client metrics
     figures: RunFigures = field(default_factory=RunFigures)  # the summary's and the LLM tab's
     saturation: SaturationMonitor = field(default_factory=SaturationMonitor)
     refused_s: array = field(default_factory=lambda: array("d"))  # scheduled times of refused arrivals
@@ -68,6 +67,10 @@ class RunControl:
     stop_s: float | None = None
     _stop_deadline: float | None = None
     _records_file: IO[str] | None = None
+    stats: ClientStats = field(init=False)  # the live client metrics, goodput judged by the spec's SLO targets
+
+    def __post_init__(self) -> None:
+        self.stats = ClientStats(self.spec.slo)
 
     def begin(self) -> None:
         """Start the run (first tick): resolve the request once for every sender, open the records file.

@@ -3,18 +3,21 @@ collector.
 
 Histogram boundaries are vLLM's for the same quantity plus finer low-latency ones, so the client and server
 views can be compared quantile for quantile. Names: ``batchscope_client_<what>_<unit>``; labels ``run_id`` and
-``scenario`` only.
+``scenario`` only (and ``metric`` on the SLO targets).
 
 Populations: the latency histograms (TTFT, TPOT, ITL, E2E) hold the requests completed ok in the measurement
 window (loadgen/window.py), as the summary and the LLM tab, so they stay empty during warm-up. The counters
 (requests by outcome, started, refused, tokens) and the lag histograms (dispatch, first read) count the whole
 run: ``started == sum(outcomes)`` must hold from the first request, and Prometheus' rate() picks its own window
-from counters anyway. ``batchscope_client_saturated`` and ``batchscope_client_cpu_ratio`` are live
-(loadgen/saturation.py).
+from counters anyway. The goodput counter holds the latency histograms' population: of the requests completed ok
+in the window, those whose own TTFT and TPOT met the spec's targets (``slo``, exposed beside it as
+``batchscope_client_slo_target_seconds``; the exporter hands them to the SLO recording rules).
+``batchscope_client_saturated`` and ``batchscope_client_cpu_ratio`` are live (loadgen/saturation.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -25,7 +28,7 @@ from batchscope.histogram import Histogram, merged_bounds
 from batchscope.vllm_buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from loadgen.request import OUTCOMES, RequestRecord
 from loadgen.saturation import GeneratorLoad
-from loadgen.spec import WorkloadSpec
+from loadgen.spec import SloTargets, WorkloadSpec
 
 DEFAULT_METRICS_PORT = 9646  # where the master (or local process) serves the merged client metrics
 FINE_LATENCY = (0.0025, 0.0075, 0.015, 0.03, 0.05, 0.15, 0.2, 0.3, 0.4)
@@ -63,9 +66,12 @@ HISTOGRAMS = {
 
 
 class ClientStats:
-    """Counts over the requests the controller has received (on a master: from every worker)."""
+    """Counts over the requests the controller has received (on a master: from every worker); ``slo`` judges
+    which are good (goodput)."""
 
-    def __init__(self) -> None:
+    def __init__(self, slo: SloTargets | None = None) -> None:
+        self.slo = slo or SloTargets()
+        self.good = 0  # completed ok in the window within both SLO targets
         self.histograms = {name: Histogram(bounds) for name, (_, _, bounds) in HISTOGRAMS.items()}
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.started = 0
@@ -88,6 +94,8 @@ class ClientStats:
             value = getattr(record, f"{name}_s")
             if value is not None:
                 self.histograms[name].observe(value)
+        if record.ttft_s is not None and self.slo.met_by(record.ttft_s, record.tpot_s):
+            self.good += 1
         self.histograms["itl"].observe_many(np.asarray(record.itl_s, dtype=float))
 
     @property
@@ -132,6 +140,11 @@ class ClientMetricsCollector(Collector):
                        names, labels, stats.prompt_tokens)
         yield _counter("batchscope_client_output_tokens", "Output tokens of finished requests, from usage.",
                        names, labels, stats.output_tokens)
+        yield _counter("batchscope_client_goodput_requests", "Requests completed ok in the measurement window whose "
+                       "own TTFT and own TPOT both met the SLO targets (batchscope_client_slo_target_seconds): vllm "
+                       "bench serve's goodput rule, TTFT <= target and TPOT <= target, a one-token request passing "
+                       "TPOT.", names, labels, stats.good)
+        yield _slo_targets(stats.slo, names, labels)
         in_flight = GaugeMetricFamily("batchscope_client_requests_in_flight", "Requests in flight now.",
                                       labels=names)
         in_flight.add_metric(labels, self._in_flight())
@@ -156,6 +169,15 @@ def _saturation(generator: GeneratorLoad, names: list[str], labels: list[str]) -
                             "report interval, as a ratio of one core.", labels=names)
     cpu.add_metric(labels, generator.cpu_share if generator.cpu_share is not None else float("nan"))
     yield cpu
+
+
+def _slo_targets(slo: SloTargets, names: list[str], labels: list[str]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily("batchscope_client_slo_target_seconds", "The latency target a good request meets, "
+                               "per metric (ttft, tpot), from the workload spec's slo; +Inf: no target.",
+                               labels=[*names, "metric"])
+    for metric, target in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s)):
+        family.add_metric([*labels, metric], math.inf if target is None else target)
+    return family
 
 
 def _counter(name: str, help_text: str, names: list[str], labels: list[str], value: float) -> CounterMetricFamily:

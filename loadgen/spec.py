@@ -4,6 +4,8 @@ A YAML file (see docs in README) validated by pydantic; ``--set key=value`` flag
 (``--set load.rate=8``; ``key=null`` removes a field). A bad field gives one line naming it and what it allows.
 Numbers are bounded (finite, below the MAX_* limits) so an absurd value is refused here, not hours into a run.
 Secret fields (``api_key``) are masked in every dump: the spec is written into summary.json and sent to workers.
+The latency targets (``slo``) and their one rule, vLLM bench serve's goodput (``within_slo``), live here: the load
+generator counts its good requests by them and the tuner's plan (tuner/plan.py Slos) takes its defaults and rule.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ MAX_TIMEOUT_S = 86_400.0  # a day per request
 MAX_PERIOD_S = 2_592_000.0  # 30 days of warm-up or measurement
 MAX_PREFIXES = 10_000  # distinct shared prefixes
 MAX_PREFIX_IDS = 50_000_000  # their tokens together: every sender holds them all
+# The SLO targets' defaults, the tuner plan's too (MLPerf's llama2-70b Server bounds: p99 TTFT 2 s, TPOT 200 ms)
+DEFAULT_SLO_TTFT_S = 2.0
+DEFAULT_SLO_TPOT_S = 0.2
 # inf and nan are refused everywhere: rate .inf would release arrivals in an endless burst
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -101,6 +106,26 @@ class SharedPrefix(BaseModel):
     distinct: int = Field(1, gt=0, le=MAX_PREFIXES, description="How many different prefixes the requests share.")
 
 
+def within_slo(ttft_s: float, tpot_s: float | None, ttft_target_s: float | None, tpot_target_s: float | None) -> bool:
+    """One request within both targets, vLLM bench serve's goodput rule (``<=``; a target None is no bound). A
+    one-token request has no TPOT: it passes that target, as vLLM counts its TPOT as 0."""
+    return (ttft_target_s is None or ttft_s <= ttft_target_s) and \
+        (tpot_target_s is None or tpot_s is None or tpot_s <= tpot_target_s)
+
+
+class SloTargets(BaseModel):
+    """The latency targets a request must meet to count as good (batchscope_client_goodput_requests_total)."""
+
+    model_config = STRICT
+    ttft_s: float | None = Field(DEFAULT_SLO_TTFT_S, gt=0, le=MAX_TIMEOUT_S,
+                                 description="Target on each request's own TTFT, seconds; null: no TTFT target.")
+    tpot_s: float | None = Field(DEFAULT_SLO_TPOT_S, gt=0, le=MAX_TIMEOUT_S,
+                                 description="Target on each request's own TPOT, seconds; null: no TPOT target.")
+
+    def met_by(self, ttft_s: float, tpot_s: float | None) -> bool:
+        return within_slo(ttft_s, tpot_s, self.ttft_s, self.tpot_s)
+
+
 class WorkloadSpec(BaseModel):
     """Everything that must stay identical between tuning rounds."""
 
@@ -128,6 +153,8 @@ class WorkloadSpec(BaseModel):
         0.5, ge=0, le=1, description="The run fails (exit status 4) when more than this fraction of the requests "
         "that ended in the measurement window are not ok (aborted ones aside), or when none is ok.")
     load: Load = Field(description="The load mode: concurrency, poisson or offline.")
+    slo: SloTargets = Field(default_factory=SloTargets, description="Latency targets of a good request (goodput); "
+                            "the exporter passes them on to the SLO recording rules and alerts.")
 
     @field_validator("shared_prefix")
     @classmethod

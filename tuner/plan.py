@@ -19,7 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 from batchscope import run_ids, vllm_knobs
 from batchscope.secrets import mask_argv, mask_command
 from batchscope.validation import TAGGED_UNION_ERRORS, first_error, yaml_problem
-from loadgen.spec import WorkloadSpec
+from loadgen.spec import (
+    DEFAULT_SLO_TPOT_S,
+    DEFAULT_SLO_TTFT_S,
+    MAX_TIMEOUT_S,
+    SloTargets,
+    WorkloadSpec,
+    within_slo,
+)
 
 SCHEMA_VERSION: Final = 1
 # A plan's and a variation's name: it names folders (results/<plan>/<setting>-r<n>/) and the load run's --run-id
@@ -166,14 +173,20 @@ class Slos(BaseModel):
     """Latency bounds a configuration must meet (p99, seconds), as MLPerf's server scenario."""
 
     model_config = ConfigDict(extra="forbid")
-    ttft_p99_s: float | None = Field(2.0, gt=0, description="Bound on client p99 TTFT, seconds.")
-    tpot_p99_s: float | None = Field(0.2, gt=0, description="Bound on client p99 TPOT, seconds.")
+    # bounded as the load spec's targets (run_spec hands them to the load generator)
+    ttft_p99_s: float | None = Field(DEFAULT_SLO_TTFT_S, gt=0, le=MAX_TIMEOUT_S,
+                                     description="Bound on client p99 TTFT, seconds.")
+    tpot_p99_s: float | None = Field(DEFAULT_SLO_TPOT_S, gt=0, le=MAX_TIMEOUT_S,
+                                     description="Bound on client p99 TPOT, seconds.")
 
     def met_by(self, ttft_s: float, tpot_s: float | None) -> bool:
-        """One request within both bounds, vLLM bench serve's goodput rule (a one-token request has no TPOT: it
-        passes that bound, as vLLM counts its TPOT as 0)."""
-        return (self.ttft_p99_s is None or ttft_s <= self.ttft_p99_s) and \
-            (self.tpot_p99_s is None or tpot_s is None or tpot_s <= self.tpot_p99_s)
+        """One request within both bounds, vLLM bench serve's goodput rule (loadgen.spec.within_slo, the load
+        generator's goodput counter's too)."""
+        return within_slo(ttft_s, tpot_s, self.ttft_p99_s, self.tpot_p99_s)
+
+    def targets(self) -> SloTargets:
+        """The same bounds as a load spec's per-request targets."""
+        return SloTargets(ttft_s=self.ttft_p99_s, tpot_s=self.tpot_p99_s)
 
     def count_met(self, requests: list[tuple[float, float | None]]) -> int:
         """How many of the (TTFT, TPOT) requests met both bounds: the count behind goodput."""
@@ -237,8 +250,10 @@ class Plan(BaseModel):
         return f"{self.name}-{run_name(setting, repeat)}"
 
     def run_spec(self) -> WorkloadSpec:
-        """The workload of every run: the locked conditions with the plan's warm-up and window."""
-        return self.workload.model_copy(update={"warmup_s": self.warmup_s, "duration_s": self.window_s})
+        """The workload of every run: the locked conditions with the plan's warm-up, window and SLOs (so the load
+        generator's live goodput judges by the plan's)."""
+        return self.workload.model_copy(update={"warmup_s": self.warmup_s, "duration_s": self.window_s,
+                                                "slo": self.slos.targets()})
 
 
 def run_name(setting: str, repeat: int) -> str:

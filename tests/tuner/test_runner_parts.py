@@ -149,6 +149,14 @@ def test_goodput_counts_each_window_request_by_its_own_ttft_and_tpot(tmp_path):
     assert good_requests(records, window, Slos(ttft_p99_s=None, tpot_p99_s=None)) == 4
 
 
+def test_each_runs_load_counts_its_live_goodput_by_the_plans_slos():
+    # the load generator's goodput counter (and so the dashboards' goodput and the SLO rules' targets) judges by the
+    # plan's SLOs, not by the workload's defaults
+    plan = Plan.model_validate(tiny_plan(slos={"ttft_p99_s": 0.8, "tpot_p99_s": None}))
+    assert (plan.workload.slo.ttft_s, plan.workload.slo.tpot_s) == (2.0, 0.2)
+    assert (plan.run_spec().slo.ttft_s, plan.run_spec().slo.tpot_s) == (0.8, None)
+
+
 def vllm_08_metrics(kv: float, queries: float, new_kv: float | None = None) -> str:
     """/metrics as vLLM 0.8 named its families (gpu_cache_usage_perc, gpu_prefix_cache_queries), optionally with
     today's KV gauge beside (a release in its deprecation window)."""
