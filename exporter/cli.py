@@ -33,6 +33,7 @@ from exporter.docker_source import DockerSource
 from exporter.fetch import pin_mmap_threshold
 from exporter.health import shown_url
 from exporter.server import make_server, serve_in_thread
+from exporter.slo import MAX_TARGET_S, SloFlags
 
 log = logging.getLogger("batchscope.exporter")
 DEFAULT_PORT = 9648
@@ -76,7 +77,11 @@ OPTIONS = (
     Option("--grafana-password", "Grafana basic-auth password"),
     Option("--scrape-timeout-s", "bound on the whole of each upstream fetch (name lookup, connect, body), seconds",
            2.0, float),
+    Option("--slo-ttft-seconds", "TTFT target of the SLO rules and alerts when the load generator's spec sets none "
+           "(exporter/slo.py: rounded up to a bound of vLLM's buckets)", None, float),
+    Option("--slo-tpot-seconds", "TPOT target, as --slo-ttft-seconds", None, float),
 )
+SLO_FLAGS = ("--slo-ttft-seconds", "--slo-tpot-seconds")
 URL_FLAGS = ("--vllm-url", "--loadgen-url", "--grafana-url")
 
 
@@ -115,8 +120,9 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, s
 
 
 def check(args: argparse.Namespace, names: Mapping[str, str]) -> None:
-    """Refuse at start what cannot work: a URL without http(s), a timeout <= 0, a port out of range, a command
-    file that is missing or unreadable, a command line that cannot be split, a live file that is a folder."""
+    """Refuse at start what cannot work: a URL without http(s), a timeout <= 0, an SLO target outside (0, a day],
+    a port out of range, a command file that is missing or unreadable, a command line that cannot be split, a
+    live file that is a folder."""
     for flag in URL_FLAGS:
         url = getattr(args, flag[2:].replace("-", "_"))
         if url is not None:
@@ -128,6 +134,10 @@ def check(args: argparse.Namespace, names: Mapping[str, str]) -> None:
                 raise BadInput(f"{names[flag]}: {shown_url(url)!r} is not an http:// or https:// URL")
     if not (math.isfinite(args.scrape_timeout_s) and args.scrape_timeout_s > 0):
         raise BadInput(f"{names['--scrape-timeout-s']}: must be a number of seconds > 0, not {args.scrape_timeout_s}")
+    for flag in SLO_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and not 0 < value <= MAX_TARGET_S:  # NaN fails both comparisons
+            raise BadInput(f"{names[flag]}: must be a number of seconds in (0, {MAX_TARGET_S:g}], not {value}")
     if not 0 <= args.port <= 65535:
         raise BadInput(f"{names['--port']}: must be in 0..65535, not {args.port}")
     if args.vllm_command_file is not None:
@@ -178,7 +188,8 @@ def build_collector(args: argparse.Namespace) -> BatchscopeCollector:
         vllm_url=args.vllm_url.rstrip("/"), loadgen_url=args.loadgen_url.rstrip("/") if args.loadgen_url else None,
         vllm_api_key=args.vllm_api_key, vllm_command=args.vllm_command,
         vllm_command_file=Path(args.vllm_command_file) if args.vllm_command_file else None,
-        docker=docker, timeout_s=args.scrape_timeout_s, follow=Path(args.follow) if args.follow else None)
+        docker=docker, timeout_s=args.scrape_timeout_s, follow=Path(args.follow) if args.follow else None,
+        slo=SloFlags(ttft_s=args.slo_ttft_seconds, tpot_s=args.slo_tpot_seconds))
     return BatchscopeCollector(sources, ChangeTracker(annotator))
 
 

@@ -1,12 +1,13 @@
 """The exporter's collector: at each scrape, fetch vLLM and the load generator concurrently and merge them.
 
 Yields vLLM's ``vllm:*`` families unchanged (old names mapped, see families.py), the load generator's
-``batchscope_client_*`` families, the serving configuration in effect, KV capacity, change marks, and per target
-``batchscope_up``, ``batchscope_scrape_duration_seconds`` and, while it is down, ``batchscope_scrape_error_info``
-with the reason. A down, slow, huge, endless or malformed target gives up=0 and everything else is still served:
-every upstream read ends by the scrape timeout and within a byte cap (fetch.py), and scrapes arriving while one
-collects share its result. Nothing is polled between scrapes. With a live file to follow (`--follow`, a tuner's
-`--live-file`), every scrape reads the targets of the run it names, so a plan's every run is shown.
+``batchscope_client_*`` families, the SLO targets (slo.py), the serving configuration in effect, KV capacity,
+change marks, and per target ``batchscope_up``, ``batchscope_scrape_duration_seconds`` and, while it is down,
+``batchscope_scrape_error_info`` with the reason. A down, slow, huge, endless or malformed target gives up=0 and
+everything else is still served: every upstream read ends by the scrape timeout and within a byte cap (fetch.py),
+and scrapes arriving while one collects share its result. Nothing is polled between scrapes. With a live file to
+follow (`--follow`, a tuner's `--live-file`), every scrape reads the targets of the run it names, so a plan's
+every run is shown.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from exporter.config import ServingConfig, from_exposed, parse_command
 from exporter.docker_source import ContainerView, DockerSource
 from exporter.fetch import Workers
 from exporter.health import REASONS, DownCause, DownReporter, down_cause
+from exporter.slo import SloFlags, SloGauge
 
 log = logging.getLogger("batchscope.exporter")
 PREFIXES = {"vllm": "vllm:", "loadgen": "batchscope_client_"}  # target -> the families it contributes
@@ -74,6 +76,7 @@ class ExporterSources:
     docker: DockerSource | None = None
     timeout_s: float = 2.0
     follow: Path | None = None
+    slo: SloFlags = field(default_factory=SloFlags)
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class BatchscopeCollector(Collector):
         self._lock = threading.Lock()
         self._in_flight: _Collection | None = None
         self._follow_problem: str | None = None  # the live file's last problem, logged once until it changes
+        self._slo = SloGauge(sources.slo)
 
     def collect(self) -> Iterator[Metric]:
         yield from self._shared_collection()
@@ -150,8 +154,8 @@ class BatchscopeCollector(Collector):
         vllm = scrapes["vllm"]
         vllm_families, mappings = families.map_renamed(vllm.families)
         collected = [*vllm_families, _mapping_info(mappings)]
-        if "loadgen" in scrapes:
-            collected += scrapes["loadgen"].families
+        loadgen = scrapes["loadgen"].families if "loadgen" in scrapes else []
+        collected += [*loadgen, self._slo.family(loadgen)]
         container = self._docker(docker_pending, deadline) if docker_pending else None
         if vllm.up:
             card, version = (self._json_result(targets.vllm_url, path, json_pending[path], deadline)

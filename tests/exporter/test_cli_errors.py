@@ -16,6 +16,16 @@ from batchscope.cli import main
 SECRET = "sk-never-echo-4242"
 NO_SERVER = "http://127.0.0.1:9"  # never contacted: the input is refused first
 
+# SLO targets: a number of seconds in (0, a day]; the line names the range
+SLO_CASES = {
+    "slo ttft 0": (["--slo-ttft-seconds", "0"], {}, "--slo-ttft-seconds"),
+    "slo tpot negative": (["--slo-tpot-seconds", "-0.2"], {}, "--slo-tpot-seconds"),
+    "slo ttft nan": (["--slo-ttft-seconds", "nan"], {}, "--slo-ttft-seconds"),
+    "slo tpot inf": (["--slo-tpot-seconds", "inf"], {}, "--slo-tpot-seconds"),
+    "slo ttft beyond a day": (["--slo-ttft-seconds", "100000"], {}, "--slo-ttft-seconds"),
+    "env slo ttft 0": ([], {"BATCHSCOPE_SLO_TTFT_SECONDS": "0"}, "BATCHSCOPE_SLO_TTFT_SECONDS"),
+}
+SLO_ALLOWED = "must be a number of seconds in (0, 86400]"
 # name: (arguments, environment, what the error line must name)
 CASES = {
     "port -1": (["--port", "-1"], {}, "--port"),
@@ -42,6 +52,7 @@ CASES = {
     "env timeout 0": ([], {"BATCHSCOPE_SCRAPE_TIMEOUT_S": "0"}, "BATCHSCOPE_SCRAPE_TIMEOUT_S"),
     "env vllm url without a scheme": ([], {"BATCHSCOPE_VLLM_URL": "vllm:8000"}, "BATCHSCOPE_VLLM_URL"),
     "env command file missing": ([], {"BATCHSCOPE_VLLM_COMMAND_FILE": "MISSING"}, "BATCHSCOPE_VLLM_COMMAND_FILE"),
+    **SLO_CASES,
 }
 # secrets set beside every case: none may appear in an error line
 SECRETS_ENV = {"BATCHSCOPE_VLLM_API_KEY": SECRET, "BATCHSCOPE_GRAFANA_TOKEN": SECRET,
@@ -102,6 +113,13 @@ def busy_port():
 def test_bad_input_gets_one_line_naming_the_flag_or_variable(tmp_path, busy_port, monkeypatch, capsys, case):
     args, env, name = arguments(case, tmp_path, busy_port)
     assert_one_line_naming(*run_in_process(args, env, tmp_path, monkeypatch, capsys), name)
+
+
+@pytest.mark.parametrize("case", SLO_CASES)
+def test_a_bad_slo_target_names_the_values_allowed(tmp_path, busy_port, monkeypatch, capsys, case):
+    args, env, name = arguments(case, tmp_path, busy_port)
+    code, output = run_in_process(args, env, tmp_path, monkeypatch, capsys)
+    assert code == 2 and output.strip().startswith(f"batchscope exporter: error: {name}: {SLO_ALLOWED}, not "), output
 
 
 @pytest.mark.e2e

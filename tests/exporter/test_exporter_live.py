@@ -3,10 +3,14 @@ Prometheus. Values must equal their sources; a restart with another flag is one 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -18,35 +22,41 @@ from tests.stubs import HttpStub, Reply, json_reply
 pytestmark = pytest.mark.e2e
 
 
+@contextlib.contextmanager
+def finished_run(sim_url: str, spec: dict, tmp_path: Path, *flags: str) -> Iterator[str]:
+    """A Locust run of ``spec`` to its end, whose web UI keeps it up so its final client metrics hold still: yields
+    its metrics base URL; SIGTERM afterwards (its summary is written then)."""
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    metrics_port, web_port = free_port(), free_port()
+    locust = subprocess.Popen([sys.executable, "-m", "locust", "-f", "loadgen/adapter/locustfile.py", "--host", sim_url,
+                               "--spec", str(spec_path), "--metrics-port", str(metrics_port), "--autostart",
+                               "--web-host", "127.0.0.1", "--web-port", str(web_port), *flags],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def finished() -> bool:
+        try:
+            state = requests.get(f"http://127.0.0.1:{web_port}/stats/requests", timeout=5).json()["state"]
+        except (requests.RequestException, ValueError):
+            return False
+        return state == "stopped"
+
+    try:
+        wait_until(finished, timeout_s=60, message="the load run to end")
+        yield f"http://127.0.0.1:{metrics_port}"
+    finally:
+        locust.terminate()
+        locust.wait(timeout=20)
+
+
 def test_exported_values_equal_their_sources(simulator, exporters, tmp_path):
     sim = simulator("--profile", "tiny")
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"input_tokens": 64, "output_tokens": 16, "duration_s": 2,
-                                    "load": {"mode": "concurrency", "concurrency": 2}}))
-    metrics_port, web_port = free_port(), free_port()
-    # with its web UI Locust stays up after the run, so its final client metrics hold still
-    locust = subprocess.Popen([sys.executable, "-m", "locust", "-f", "loadgen/adapter/locustfile.py", "--host", sim.url,
-                               "--spec", str(spec), "--metrics-port", str(metrics_port), "--autostart",
-                               "--web-host", "127.0.0.1", "--web-port", str(web_port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        loadgen_url = f"http://127.0.0.1:{metrics_port}"
-
-        def finished() -> bool:
-            try:
-                state = requests.get(f"http://127.0.0.1:{web_port}/stats/requests", timeout=5).json()["state"]
-            except (requests.RequestException, ValueError):
-                return False
-            return state == "stopped"
-
-        wait_until(finished, timeout_s=60, message="the load run to end")
+    spec = {"input_tokens": 64, "output_tokens": 16, "duration_s": 2, "load": {"mode": "concurrency", "concurrency": 2}}
+    with finished_run(sim.url, spec, tmp_path) as loadgen_url:
         exporter = exporters("--vllm-url", sim.url, "--loadgen-url", loadgen_url)
         exported = exporter.scrape()
         vllm_source = samples(requests.get(sim.url + "/metrics", timeout=5).text)
         client_source = samples(requests.get(loadgen_url + "/metrics", timeout=5).text)
-    finally:
-        locust.terminate()
-        locust.wait(timeout=20)
     assert only("vllm:", exported) == only("vllm:", vllm_source)
     assert only("batchscope_client_", exported) == only("batchscope_client_", client_source)
     assert only("vllm:generation_tokens_total", exported) and only("batchscope_client_requests_total", exported)
@@ -55,6 +65,32 @@ def test_exported_values_equal_their_sources(simulator, exporters, tmp_path):
     info = next(dict(labels) for (name, labels) in exported if name == "batchscope_vllm_config_info")
     assert (info["model"], info["max_model_len"], info["block_size"]) == ("sim-model", "4096", "16")
     assert exported[("batchscope_vllm_kv_cache_capacity_tokens", ())] == 177264
+
+
+def test_the_goodput_counter_equals_the_records_within_both_targets(simulator, exporters, tmp_path):
+    """The load's own records judged by the spec's targets (vllm bench serve's rule, the summary's window) give the
+    count the exporter serves. A third of the requests are held 0.5 s before the server answers, so they miss the
+    0.3 s TTFT target and the rest meet it; the TTFT target is no bound of vLLM's buckets, so it is counted at 0.5 s,
+    and the spec's target wins over the exporter's flag."""
+    sim = simulator("--profile", "tiny", "--fault-stall-rate", "0.33", "--fault-stall-s", "0.5")
+    spec = {"input_tokens": 64, "output_tokens": 16, "warmup_s": 1, "duration_s": 5, "scenario": "good",
+            "slo": {"ttft_s": 0.3, "tpot_s": 0.05}, "load": {"mode": "concurrency", "concurrency": 4}}
+    out = tmp_path / "out"
+    with finished_run(sim.url, spec, tmp_path, "--out", str(out), "--run-id", "g1") as loadgen_url:
+        exported = exporters("--vllm-url", sim.url, "--loadgen-url", loadgen_url, "--slo-ttft-seconds", "5").scrape()
+    summary = json.loads((out / "summary.json").read_text())  # written as Locust quit, which it has
+    start, end = summary["window_start_s"], summary["window_start_s"] + summary["effective_duration_s"]
+    window = [r for r in map(json.loads, (out / "records.jsonl").read_text().splitlines())
+              if r["outcome"] == "ok" and start <= r["end_s"] <= end]
+    good = [r for r in window if r["ttft_s"] <= 0.3 and (r["tpot_s"] is None or r["tpot_s"] <= 0.05)]
+    assert 0 < len(good) < len(window), (len(good), len(window))  # both verdicts occur: the count means something
+    labels = (("run_id", "g1"), ("scenario", "good"))
+    assert exported[("batchscope_client_goodput_requests_total", labels)] == len(good)
+    assert exported[("batchscope_client_time_to_first_token_seconds_count", labels)] == len(window)
+    assert exported[("batchscope_slo_target_seconds", (("le", "0.5"), ("metric", "ttft"), ("source", "load_spec")))] \
+        == 0.3
+    assert exported[("batchscope_slo_target_seconds", (("le", "0.05"), ("metric", "tpot"), ("source", "load_spec")))] \
+        == 0.05
 
 
 def test_a_restart_with_another_flag_is_one_change_and_one_annotation(simulator, exporters, tmp_path):
