@@ -16,7 +16,8 @@ import pytest
 import yaml
 from prometheus_client.utils import floatToGoString
 
-from batchscope import vllm_buckets
+from exporter import slo
+from loadgen.spec import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / "prometheus"
@@ -167,16 +168,20 @@ def duration_s(text: str) -> float:
     return sum(float(number) * units[unit] for number, unit in re.findall(r"(\d+(?:\.\d+)?)([smh])", text))
 
 
-def slo_target(record: str) -> tuple[float, str]:
+def slo_fallback(record: str) -> tuple[float, str]:
+    """(value, le) of the constant a target rule falls back to: label_replace(V * group ..., "le", "LE", "", "")."""
     [rule] = [rule for rule in rules("record") if rule["record"] == record]
-    return float(re.fullmatch(r"vector\((.+)\)", rule["expr"]).group(1)), rule["labels"]["le"]
+    value, le = re.search(r'label_replace\(([0-9.]+) \* group .*"le", "([^"]+)", "", ""\)', rule["expr"]).groups()
+    return float(value), le
 
 
-@pytest.mark.parametrize("record, buckets", [("batchscope:slo_ttft_seconds", "TTFT_BUCKETS"),
-                                             ("batchscope:slo_tpot_seconds", "ITL_BUCKETS")])
-def test_an_slo_target_is_a_bucket_bound_written_as_the_exposition_writes_it(record, buckets):
+@pytest.mark.parametrize("record, metric, default", [("batchscope:slo_ttft_seconds", "ttft", DEFAULT_SLO_TTFT_S),
+                                                     ("batchscope:slo_tpot_seconds", "tpot", DEFAULT_SLO_TPOT_S)])
+def test_an_slo_fallback_is_the_defaults_bucket_bound_written_as_the_exposition_writes_it(record, metric, default):
     """The attainment rules select the target's bucket by its `le` text: a value that is no bound of vLLM's
-    histogram, or an `le` spelt otherwise than prometheus_client spells it ("2.5", "1.0"), selects nothing."""
-    value, le = slo_target(record)
-    assert value in getattr(vllm_buckets, buckets), f"{record}: {value} is not a bound of vLLM's histogram"
+    histogram, or an `le` spelt otherwise than prometheus_client spells it ("2.5", "1.0"), selects nothing. The
+    constant is the bound the exporter gives the load spec's default target (loadgen/spec.py, the one source)."""
+    value, le = slo_fallback(record)
+    assert value in slo.BUCKETS[metric], f"{record}: {value} is not a bound of vLLM's histogram"
     assert le == floatToGoString(value) == repr(value), f"{record}: le must be {floatToGoString(value)!r}"
+    assert value == slo.bucket_bound(metric, default), f"{record}: {value} is not the default's bound"
