@@ -39,13 +39,24 @@ def config_quantile(q: float, histogram: str, selector: str = SCENARIO) -> str:
     return f"histogram_quantile({q}, sum by (le, {CONFIG_BY}) ({buckets}))"
 
 
+def config_total(rates: str) -> str:
+    """Per-second rates summed over each configuration's steps in force: a count per configuration."""
+    return f"sum by ({CONFIG_BY}) ({over_range('sum_over_time', rates)})"
+
+
 def config_attainment(histogram: str, target_rule: str) -> str:
-    """Share of a configuration's requests within the SLO target (the bucket whose `le` the target rule names),
-    over the steps it was in force."""
-    within = over_range("sum_over_time",
-                        f"rate({histogram}_bucket{{{SCENARIO}}}[$__rate_interval]) and on (le) {target_rule}")
-    every = over_range("sum_over_time", f"rate({histogram}_count{{{SCENARIO}}}[$__rate_interval])")
-    return f"sum by ({CONFIG_BY}) ({within}) / sum by ({CONFIG_BY}) ({every})"
+    """Share of a configuration's requests within the SLO target (the bucket whose `le` the target rule names for
+    that exporter), over the steps it was in force."""
+    within = f"rate({histogram}_bucket{{{SCENARIO}}}[$__rate_interval]) and on (job, instance, le) {target_rule}"
+    return f"{config_total(within)} / {config_total(f'rate({histogram}_count{{{SCENARIO}}}[$__rate_interval])')}"
+
+
+def config_goodput_share() -> str:
+    """Share of a configuration's completed requests within both targets, each by its own TTFT and TPOT: the load
+    generator's goodput count over its TTFT count (one population)."""
+    good = config_total(f"rate(batchscope_client_goodput_requests_total{{{SCENARIO}}}[$__rate_interval])")
+    every = config_total(f"rate(batchscope_client_time_to_first_token_seconds_count{{{SCENARIO}}}[$__rate_interval])")
+    return f"{good} / {every}"
 
 
 def config_mean(recorded: str) -> str:
@@ -56,8 +67,7 @@ def config_mean(recorded: str) -> str:
 def config_error_share() -> str:
     """Share of finished requests that did not end ok, per configuration (0 when every outcome was ok)."""
     def finished(selector: str) -> str:
-        rates = f"rate(batchscope_client_requests_total{{{selector}}}[$__rate_interval])"
-        return f"sum by ({CONFIG_BY}) ({over_range('sum_over_time', rates)})"
+        return config_total(f"rate(batchscope_client_requests_total{{{selector}}}[$__rate_interval])")
 
     return f'{finished(SCENARIO + ", outcome!=" + QUOTED_OK)} / {finished(SCENARIO)}'
 
@@ -73,6 +83,8 @@ COMPARISON_COLUMNS = [
                                           "batchscope:slo_ttft_seconds"), "percentunit"),
     ("TPOT within SLO", config_attainment("batchscope_client_time_per_output_token_seconds",
                                           "batchscope:slo_tpot_seconds"), "percentunit"),
+    ("Within both SLOs", config_goodput_share(), "percentunit"),
+    ("Goodput /s", config_mean(f"scenario:batchscope_client_goodput:rate1m{{{SCENARIO}}}"), "reqps"),
     ("Queue p99 (vLLM)", config_quantile(0.99, "vllm:request_queue_time_seconds", MODEL), "s"),
     ("Completions /s", config_mean(f"scenario:batchscope_client_completions:rate1m{{{SCENARIO}}}"), "reqps"),
     ("Steps /s (vLLM)", config_mean(f"model:vllm_engine_steps:rate1m{{{MODEL}}}"), "short"),
@@ -90,10 +102,11 @@ def comparison_table() -> dict:
                  "One row per (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len) seen "
                  "in the range; each figure covers only the steps when that configuration was in force. Select "
                  "one scenario so rows compare like with like.",
-                 "the client's (as vllm bench serve) for latency, SLO shares, completions and errors; vLLM's "
-                 "where the column says so, and for preemptions.",
+                 "the client's (as vllm bench serve) for latency, SLO shares, goodput, completions and errors; "
+                 "vLLM's where the column says so, and for preemptions. Goodput: requests within both targets by "
+                 "their own TTFT and TPOT (vllm bench serve's rule, the load spec's exact targets).",
                  "a row with preemptions or recomputed tokens: its KV cache is too small for its max_num_seqs; "
-                 "the best row meets both SLO shares (0.99) at the most completions /s."),
+                 "the best row meets both SLOs (within both 0.99) at the most goodput /s."),
                  options={"showHeader": True, "sortBy": [{"displayName": "max_num_seqs", "desc": False}]})
     # Each instant query is a table whose value column is "Value #<refId>"; merge joins them on the config labels.
     refs = [query["refId"] for query in targets]
@@ -123,13 +136,20 @@ def comparison() -> dict:
         target(per_config(f'scenario:batchscope_client_ttft_seconds:histogram_quantile1m{{{SCENARIO}, '
                           f'quantile="0.99"}}'), legend),
     ], "s", describe("The same p99 as the overview, one colour per configuration.", "the client's TTFT.",
-                     "a step up at a configuration change: that change made admission or prefill slower.")), 12)
+                     "a step up at a configuration change: that change made admission or prefill slower.")), 8)
     layout.add(timeseries("Client TTFT SLO share by configuration", [
         target(per_config(f"scenario:batchscope_client_ttft_slo:attainment1m{{{SCENARIO}}}"), legend),
     ], "percentunit", describe("Share of requests within the TTFT target over the last minute, one colour per "
                                "configuration (green line: the 0.99 objective).",
                                "the client's TTFT against batchscope:slo_ttft_seconds.",
                                "below the line: that configuration misses the SLO; compare its queue p99."),
-        max_value=1, steps=thresholds((None, "red"), (0.99, "green"))), 12)
+        max_value=1, steps=thresholds((None, "red"), (0.99, "green"))), 8)
+    layout.add(timeseries("Goodput by configuration", [
+        target(per_config(f"scenario:batchscope_client_goodput:rate1m{{{SCENARIO}}}"), legend),
+    ], "reqps", describe("Requests per second within both SLO targets, one colour per configuration.",
+                         "the client's goodput (vllm bench serve's rule, each request by its own TTFT and TPOT "
+                         "against the load spec's exact targets).",
+                         "a step down at a configuration change: that change costs requests served in time; "
+                         "the TTFT share beside and the table's TPOT share say which target.")), 8)
     return dashboard("batchscope-comparison", "vLLM batching — run comparison",
                      "One row per vLLM configuration seen in the time range.", layout.panels)

@@ -83,14 +83,37 @@ def health_row(layout: Layout) -> None:
         target(f"model:vllm_tpot_slo:attainment1m{{{MODEL}}}", "server TPOT {{model_name}}"),
         target(f"scenario:batchscope_client_ttft_slo:attainment1m{{{SCENARIO}}}", "client TTFT {{scenario}}"),
         target(f"scenario:batchscope_client_tpot_slo:attainment1m{{{SCENARIO}}}", "client TPOT {{scenario}}"),
+        target(f"scenario:batchscope_client_slo:attainment1m{{{SCENARIO}}}", "client both {{scenario}}"),
     ], "percentunit", describe(
         "Share of the requests finished in the last minute whose TTFT (or TPOT) is within the target "
-        "(batchscope:slo_ttft_seconds, batchscope:slo_tpot_seconds, set in prometheus/rules); the objective is "
-        "0.99 (green line). Goodput per configuration is the tuner's (both targets per request).",
+        "(batchscope:slo_ttft_seconds, batchscope:slo_tpot_seconds: the load spec's slo, else the exporter's "
+        "--slo-*-seconds, else 2.5 s / 0.2 s), and whose TTFT and TPOT both are (client both: goodput's share); "
+        "the objective is 0.99 (green line).",
         "server lines vLLM's histograms (TTFT from arrival at the API server), client lines the load "
-        "generator's (as vllm bench serve).",
+        "generator's (as vllm bench serve); the per-target lines count whole buckets, a target between two "
+        "bounds at the next bound up, while client both judges each request by the exact targets.",
         "below 0.99, VllmTtftSloBurn / VllmTpotSloBurn follow: for TTFT look at the queue row below, for TPOT at "
         "steps/s and the batch size (max_num_seqs)."), max_value=1, steps=ATTAINMENT_STEPS), 12)
+    layout.add(timeseries("Goodput: requests within both SLO targets", [
+        target(f"scenario:batchscope_client_goodput:rate1m{{{SCENARIO}}}", "goodput {{scenario}}"),
+        target(f"sum without (run_id) (rate(batchscope_client_time_to_first_token_seconds_count{{{SCENARIO}}}"
+               f"[$__rate_interval]))", "completed in the window {{scenario}}"),
+    ], "reqps", describe(
+        "Requests per second completed ok in the measurement window whose own TTFT and own TPOT both met the "
+        "targets (goodput), beside all those completed (the gap: requests served too late).",
+        "the client's, vllm bench serve's goodput rule: per request TTFT <= target and TPOT <= target (a one-token "
+        "request passes TPOT), against the load spec's exact targets (batchscope_client_slo_target_seconds); 0 "
+        "during warm-up.",
+        "goodput below completions: the SLO attainment panel says which target is missed (TTFT: the queue row; "
+        "TPOT: batch size and steps/s); both flat while the load rises: the server is saturated.")), 12)
+    layout.add(timeseries("Completion throughput", [
+        target(f"scenario:batchscope_client_completions:rate1m{{{SCENARIO}}}", "client ok {{scenario}}"),
+        target(f"model:vllm_request_success:rate1m{{{MODEL}}}", "server finished {{model_name}}"),
+    ], "reqps", describe(
+        "Requests finished per second.",
+        "client = the load generator's outcome ok; server = vLLM's finishes but abort.",
+        "flat while the load rises: the server is saturated, see the queue row; client below server: "
+        "the client lost answers (errors panel).")), 12)
     layout.add(timeseries("Finished requests by reason", [
         target(f"sum by (finished_reason) (model:vllm_requests_finished:rate1m{{{MODEL}}})", "{{finished_reason}}"),
     ], "reqps", describe(
@@ -108,14 +131,6 @@ def health_row(layout: Layout) -> None:
         "client = the load generator's requests not ending ok (any outcome but ok).",
         "server 5xx: vLLM's log has the exception (VllmRequestErrorSpike); client only: timeouts or the "
         "network (BatchscopeClientErrorRate)."), max_value=1, steps=ERROR_STEPS), 8)
-    layout.add(timeseries("Completion throughput", [
-        target(f"scenario:batchscope_client_completions:rate1m{{{SCENARIO}}}", "client ok {{scenario}}"),
-        target(f"model:vllm_request_success:rate1m{{{MODEL}}}", "server finished {{model_name}}"),
-    ], "reqps", describe(
-        "Requests finished per second.",
-        "client = the load generator's outcome ok; server = vLLM's finishes but abort.",
-        "flat while the load rises: the server is saturated, see the queue row; client below server: "
-        "the client lost answers (errors panel).")), 8)
     layout.add(timeseries("Tokens per second", [
         target(f"scenario:batchscope_client_output_tokens:rate1m{{{SCENARIO}}}", "client output {{scenario}}"),
         target(f"model:vllm_generation_tokens:rate1m{{{MODEL}}}", "server generated {{model_name}}"),
@@ -134,7 +149,7 @@ def health_row(layout: Layout) -> None:
         "vllm:inter_token_latency_seconds (one per step per decoding request).",
         "steps/s at 0 with work queued: the engine is hung (VllmEngineStalled); step time rising with the "
         "batch: TPOT follows it, lower --max-num-seqs or --max-num-batched-tokens."), axis_label="steps/s")
-    layout.add(right_axis(steps, "B", "s"), 8)
+    layout.add(right_axis(steps, "B", "s"), 12)
     layout.add(timeseries("API-server CPU", [
         target(or_not_exposed("instance:batchscope_vllm_api_server_cpu:rate1m",
                               "batchscope_vllm_process_cpu_seconds_total", "instance"), "{{instance}}"),
@@ -143,7 +158,7 @@ def health_row(layout: Layout) -> None:
         "vLLM's process_cpu_seconds_total of the API server (with --api-server-count > 1 it is not exposed).",
         "near 1 its event loop is saturated and requests wait before vLLM's clock starts (VllmApiServerCpuSaturated):"
         " --api-server-count, --stream-interval."), axis_label="cores", steps=thresholds((None, "green"), (0.9, "red")),
-        not_exposed=True), 8)
+        not_exposed=True), 12)
 
 
 def waiting_row(layout: Layout) -> None:
