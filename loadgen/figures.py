@@ -16,7 +16,7 @@ from array import array
 import numpy as np
 
 from loadgen.request import OUTCOMES, RequestRecord, refused_by_server
-from loadgen.sketch import GapSketch
+from loadgen.sketch import GapPool, GapSketch
 from loadgen.window import MeasurementWindow
 
 FAILURES = tuple(o for o in OUTCOMES if o not in ("ok", "aborted"))  # aborted: the run's end cut them
@@ -26,11 +26,12 @@ class RunFigures:
     """Window figures (completed, failed, latencies, tokens, offered arrivals) and whole-run ones (dispatch lag,
     send and end times for peak concurrency, rejections)."""
 
-    def __init__(self) -> None:
+    def __init__(self, itl: GapPool | None = None) -> None:
+        """``itl``: where the gaps are pooled, a GapSketch unless given (ExactGaps keeps them all)."""
         self.completed = 0
         self.failed = dict.fromkeys(FAILURES, 0)
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
-        self.itl = GapSketch()
+        self.itl: GapPool = GapSketch() if itl is None else itl
         self.output_tokens = 0.0  # tokens that arrived in the window, whatever became of their request
         self.prompt_tokens = 0  # prompts of the requests first answered in the window
         self.completed_output_tokens = 0  # usage of the requests completed in the window
@@ -93,6 +94,11 @@ class RunFigures:
         steps = np.concatenate((np.ones(len(self.sent), dtype=np.int64), -np.ones(len(self.ended), dtype=np.int64)))
         order = np.lexsort((steps, moments))
         return int(np.cumsum(steps[order]).max())
+
+
+def counted(record: RequestRecord, window: MeasurementWindow) -> bool:
+    """A record the latency figures count: it ended ok in the window."""
+    return record.outcome == "ok" and window.holds(record)
 
 
 def tokens_in(record: RequestRecord, window: MeasurementWindow) -> float:

@@ -43,7 +43,7 @@ from batchscope.vllm_catalogue import sample_aliases
 from loadgen.control import RunControl
 from loadgen.request import OUTCOMES
 from loadgen.spec import WorkloadSpec
-from loadgen.summary import Distribution, generator_line
+from loadgen.summary import Distribution, generator_line, latencies
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 CHARTED_LATENCIES = ("ttft", "itl")
@@ -82,8 +82,7 @@ class Window:
         if figures.completed == self.completed:
             return  # nothing new: the percentiles stand
         self.completed, self.output_tokens = figures.completed, figures.completed_output_tokens
-        self.latency = {"ttft": Distribution.of(figures.ttft), "tpot": Distribution.of(figures.tpot),
-                        "itl": Distribution.of_sketch(figures.itl), "e2e": Distribution.of(figures.e2e)}
+        self.latency = latencies(figures)
 
 
 def window_start(ctl: RunControl) -> float:

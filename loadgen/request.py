@@ -322,14 +322,39 @@ def _read_body(body: bytes, target: Target, record: RequestRecord) -> RequestRec
 
 
 def _fill_timing(record: RequestRecord, target: Target, first: float | None, last: float | None,
-                 gaps: list[float]) -> None:
-    record.first_token_s, record.last_token_s, record.itl_s = first, last, gaps
+                 gaps: Sequence[float]) -> None:
     # a closed loop's "schedule" is only its user being ready: what the client spends before the write (a
     # burst of users started together, a preempted process) is the client's, and stays in the dispatch lag
     origin = record.sent_s if target.timed_from_send and record.sent_s is not None else record.scheduled_s
+    _time_tokens(record, origin, first, last, gaps)
+
+
+def _time_tokens(record: RequestRecord, origin: float, first: float | None, last: float | None,
+                 gaps: Sequence[float]) -> None:
+    """The token times, and TTFT and E2E from ``origin``."""
+    record.first_token_s, record.last_token_s, record.itl_s = first, last, gaps
     if first is not None and last is not None:
         record.ttft_s = first - origin
         record.e2e_s = last - origin
+
+
+def tpot_s(first_token_s: float | None, last_token_s: float | None, output_tokens: int) -> float | None:
+    """TPOT = (E2E - TTFT) / (n - 1): (last token - first token) / (n - 1), n from usage; None for one token."""
+    if output_tokens > 1 and first_token_s is not None and last_token_s is not None:
+        return (last_token_s - first_token_s) / (output_tokens - 1)
+    return None
+
+
+def timed_elsewhere(request_id: str, sent_s: float, first_token_s: float, last_token_s: float,
+                    itl_s: Sequence[float], prompt_tokens: int, output_tokens: int) -> RequestRecord:
+    """The ok record of a request timed by another clock (a what-if run's virtual one) under a measured one's
+    rules: sent when scheduled, TTFT and E2E from the send, TPOT from the output tokens, ended at its last token."""
+    record = RequestRecord(request_id=request_id, worker=0, scheduled_s=sent_s, sent_s=sent_s,
+                           prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    _time_tokens(record, sent_s, first_token_s, last_token_s, itl_s)
+    record.tpot_s = tpot_s(first_token_s, last_token_s, output_tokens)
+    record.outcome, record.end_s = "ok", last_token_s
+    return record
 
 
 def _check_usage(record: RequestRecord, target: Target, usage: dict, events: int | None = None) -> RequestRecord:
@@ -337,8 +362,7 @@ def _check_usage(record: RequestRecord, target: Target, usage: dict, events: int
     the module's docstring); TPOT from usage's count."""
     record.prompt_tokens = usage["prompt_tokens"]
     record.output_tokens = usage["completion_tokens"]
-    if record.output_tokens > 1 and record.first_token_s is not None and record.last_token_s is not None:
-        record.tpot_s = (record.last_token_s - record.first_token_s) / (record.output_tokens - 1)
+    record.tpot_s = tpot_s(record.first_token_s, record.last_token_s, record.output_tokens)
     if (record.prompt_tokens, record.output_tokens) != (target.prompt_tokens, target.output_tokens):
         return _finish(record, "length_mismatch", error=(
             f"usage prompt={record.prompt_tokens} output={record.output_tokens}, "

@@ -26,7 +26,7 @@ import batchscope
 from loadgen.figures import RunFigures
 from loadgen.metrics import ClientStats
 from loadgen.saturation import GeneratorLoad
-from loadgen.sketch import GapSketch
+from loadgen.sketch import GapPool
 from loadgen.spec import PoissonLoad, WorkloadSpec
 from loadgen.window import final_window
 
@@ -52,8 +52,9 @@ class Distribution(BaseModel):
         return cls(count=array.size, mean=float(array.mean()), p50=float(p50), p90=float(p90), p99=float(p99))
 
     @classmethod
-    def of_sketch(cls, sketch: GapSketch) -> Distribution:
-        """Exact count and mean; percentiles within the sketch's relative error (loadgen/sketch.py)."""
+    def of_sketch(cls, sketch: GapPool) -> Distribution:
+        """Exact count and mean; percentiles within the sketch's relative error (loadgen/sketch.py; ExactGaps':
+        exact)."""
         if sketch.count == 0:
             return cls(count=0, mean=None, p50=None, p90=None, p99=None)
         p50, p90, p99 = sketch.quantiles([0.5, 0.9, 0.99])
@@ -128,11 +129,16 @@ def summarize(spec: WorkloadSpec, figures: RunFigures, stats: ClientStats, gener
         completion_throughput_rps=figures.completed / duration, target_rate_rps=target_rate,
         offered_rate_rps=offered, output_tokens_per_s=figures.output_tokens / duration,
         total_tokens_per_s=(figures.output_tokens + figures.prompt_tokens) / duration,
-        ttft=Distribution.of(figures.ttft), tpot=Distribution.of(figures.tpot), itl=Distribution.of_sketch(figures.itl),
-        e2e=Distribution.of(figures.e2e), peak_concurrency=figures.peak_concurrency(),
+        **latencies(figures), peak_concurrency=figures.peak_concurrency(),
         dispatch_lag_p99_s=float(np.percentile(lags, 99)) if lags.size else None,
         failure=failure_reason(spec, figures), generator=generator,
     )
+
+
+def latencies(figures: RunFigures) -> dict[str, Distribution]:
+    """TTFT, TPOT, ITL and E2E of the requests the figures counted (completed ok in the window)."""
+    return {"ttft": Distribution.of(figures.ttft), "tpot": Distribution.of(figures.tpot),
+            "itl": Distribution.of_sketch(figures.itl), "e2e": Distribution.of(figures.e2e)}
 
 
 def failure_reason(spec: WorkloadSpec, figures: RunFigures) -> str | None:

@@ -20,9 +20,10 @@ from pydantic import BaseModel, Field
 
 from batchscope.vllm_catalogue import current_sample_name
 from batchscope.vllm_log import parse_capacity
+from loadgen.figures import counted
 from loadgen.request import RequestRecord
 from loadgen.summary import Summary
-from loadgen.window import in_window
+from loadgen.window import MeasurementWindow
 from tuner.plan import Slos
 from tuner.results import ClientFigures, RequestSamples, ServerReport, ServerSignals, hit_rate
 
@@ -156,9 +157,8 @@ def client_figures(summary: Summary, good: int | None = None) -> ClientFigures:
 
 
 def window_records(records_path: Path, summary: Summary) -> list[RequestRecord]:
-    """The records the summary's figures count: ok, ended in the window (each with its TTFT and E2E)."""
-    start = summary.window_start_s
-    end = start + summary.effective_duration_s
+    """The records the summary's figures count: ok, ended in the window (loadgen.figures.counted)."""
+    window = MeasurementWindow(summary.window_start_s, summary.window_start_s + summary.effective_duration_s)
     if not records_path.exists():
         return []
     records = []
@@ -167,23 +167,30 @@ def window_records(records_path: Path, summary: Summary) -> list[RequestRecord]:
             continue
         fields = json.loads(line)
         record = RequestRecord(**{k: v for k, v in fields.items() if k in RequestRecord.__dataclass_fields__})
-        # an ok record always carries its TTFT and E2E; the checks tell the type checker so
-        if record.outcome == "ok" and in_window(record, start, end) and record.ttft_s is not None \
-                and record.e2e_s is not None:
+        if counted(record, window):
             records.append(record)
     return records
 
 
 def good_requests(records_path: Path, summary: Summary, slos: Slos) -> int:
-    """How many of the window's records met both SLOs, each by its own TTFT and TPOT (Slos.count_met)."""
-    return slos.count_met([(r.ttft_s, r.tpot_s) for r in window_records(records_path, summary)
-                           if r.ttft_s is not None])
+    """How many of the window's records met both SLOs (good_count)."""
+    return good_count(window_records(records_path, summary), slos)
+
+
+def good_count(records: list[RequestRecord], slos: Slos) -> int:
+    """How many of the counted ``records`` met both SLOs, each by its own TTFT and TPOT (Slos.count_met)."""
+    return slos.count_met([(r.ttft_s, r.tpot_s) for r in records if r.ttft_s is not None])
 
 
 def request_samples(records_path: Path, summary: Summary) -> RequestSamples:
     """Per-request values of the requests the summary's figures count (window_records)."""
+    return samples_of(window_records(records_path, summary))
+
+
+def samples_of(records: list[RequestRecord]) -> RequestSamples:
+    """Per-request values of the counted ``records``."""
     samples = RequestSamples()
-    for record in window_records(records_path, summary):
+    for record in records:
         if record.ttft_s is None or record.e2e_s is None:  # never for a window record; tells the type checker
             continue
         samples.ttft_s.append(record.ttft_s)

@@ -6,12 +6,13 @@ they do in a real run), same engine as `batchscope sim serve` (the plan's simula
 docker backends their backend.profile, a `batchscope sim calibrate` file, else the default h100 one), but stepped
 from event to event instead of in real time: a one-minute window takes a fraction of a second.
 
-The figures follow the load generator's summary (loadgen/summary.py), with the virtual times for the client's:
-- the window is [warm-up, warm-up + window] (offline: to the last request's end); a request belongs to it when
-  it ended in it; completion throughput = those / window; output tokens/s = tokens delivered in it / window;
-- TTFT = first token - arrival, E2E = last token - arrival, TPOT = (E2E - TTFT) / (tokens - 1);
-- ITL is exact: every gap between a completed request's consecutive tokens, pooled (per-step gaps, not TPOT);
-- at the stop, requests in flight are cut, as the load generator aborts them; they count in no figure.
+The client figures are the load generator's own, with the virtual times for the client's: each virtual record
+becomes a load generator record (loadgen.request.timed_elsewhere: TTFT, E2E and TPOT by its rules), folded
+through its figures (loadgen/figures.py) in its window (loadgen/window.py: [warm-up, warm-up + window], offline
+to the last request's end; a request counts when it ended in it). Two figures differ from a real run's: output
+tokens/s counts the engine's tokens delivered in the window (those of the requests cut at the stop too, which
+leave no record), and ITL is exact (ExactGaps: every gap pooled, not a sketch). At the stop, requests in flight
+are cut, as the load generator aborts them; they count in no figure.
 Server signals are the engine's own statistics over the same window: counter deltas and histogram means from a
 snapshot taken before the first step that delivers in the window, and time-weighted KV usage and queue sizes.
 The virtual clock has no noise of its own, so closed-loop and offline repeats would be identical and their spread
@@ -35,9 +36,13 @@ from pydantic import ValidationError
 from batchscope import poisson
 from batchscope.prompt_layout import ID_HIGH, ID_LOW, id_range, prompt_ids
 from batchscope.secrets import mask_argv
+from loadgen.figures import RunFigures, counted
 from loadgen.prompts import draw_prompt
+from loadgen.request import timed_elsewhere
+from loadgen.sketch import ExactGaps
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
-from loadgen.summary import Distribution
+from loadgen.summary import latencies
+from loadgen.window import MeasurementWindow, final_window
 from simulator.config import Deployment, ServeConfig, validation_message
 from simulator.cost import StepCostModel
 from simulator.engine import EngineCore, Step
@@ -56,6 +61,7 @@ from tuner.results import (
     hit_rate,
     now_iso,
 )
+from tuner.signals import good_count, samples_of
 
 DEFAULT_PROFILE = SimulatorBackend().profile
 # Step-time noise of a what-if run: the standard deviation of a step's duration over its mean (see the docstring).
@@ -100,13 +106,14 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int,
                          failure=f"every request is rejected: input_tokens + output_tokens = "
                                  f"{spec.input_tokens + spec.output_tokens} > max_model_len {deployment.max_model_len}")
     engine = deployment.new_engine(JitteredCost(deployment.profile, step_noise(seed, setting, repeat)))
-    window = WindowStats(start=spec.warmup_s)
-    run = simulate(spec, engine, repeat, on_step=window.observe if on_step is None else _both(window.observe, on_step),
+    stats = WindowStats(start=spec.warmup_s)
+    run = simulate(spec, engine, repeat, on_step=stats.observe if on_step is None else _both(stats.observe, on_step),
                    vocab_size=deployment.vocab_size)
-    end = run.duration if isinstance(spec.load, OfflineLoad) else spec.warmup_s + spec.duration_s
-    window.close(engine, end)
-    server = window.signals(deployment.kv_plan.kv_cache_tokens)
-    client, samples = client_figures(run, window.start, end, server.generation_tokens, plan.slos)
+    # the load generator's window on the virtual clock: the run started at 0 and stopped at its end
+    window = final_window(spec, 0.0, run.duration, [record.finished for record in run.records])
+    stats.close(engine, window.end_s)
+    server = stats.signals(deployment.kv_plan.kv_cache_tokens)
+    client, samples = client_figures(run, window, server.generation_tokens, plan.slos)
     failure = None if client.completed else "no request completed in the measurement window"
     return RunResult(**base, finished_at=now_iso(), status="failed" if failure else "ok", failure=failure,
                      client=client, server=server, samples=samples)
@@ -245,27 +252,25 @@ def snapshot(stats: EngineStats) -> dict[str, float]:
     return values
 
 
-def client_figures(run: TimedResult, start: float, end: float, output_tokens: float, slos: Slos
+def client_figures(run: TimedResult, window: MeasurementWindow, output_tokens: float, slos: Slos
                    ) -> tuple[ClientFigures, RequestSamples]:
-    """The load generator's summary rule on the virtual records: requests that ended in [start, end].
+    """The virtual records folded through the load generator's figures (loadgen/figures.py) as a real run's are,
+    every ITL gap kept (ExactGaps: the records are in memory anyway).
 
     ``output_tokens``: tokens delivered in the window, cut requests' included (the engine's count); goodput counts
     the requests whose own TTFT and TPOT met ``slos`` (Slos.count_met, as a real run's).
     """
-    ended = [r for r in run.records if start <= r.finished <= end]
-    duration = max(end - start, 1e-9)
-    ttft = [r.first_token - r.arrival for r in ended]
-    e2e = [r.finished - r.arrival for r in ended]
-    # per request, aligned with ttft (None: a one-token request has no TPOT), for the SLO checks behind goodput
-    tpots = [(r.finished - r.first_token) / (r.output_tokens - 1) if r.output_tokens > 1 else None for r in ended]
-    tpot = [t for t in tpots if t is not None]
-    gaps = [run.gaps[r.index] for r in ended if r.index in run.gaps]
-    itl = np.concatenate(gaps) if gaps else np.zeros(0)
-    good = slos.count_met(list(zip(ttft, tpots, strict=True)))
+    records = [timed_elsewhere(str(r.index), r.arrival, r.first_token, r.finished, run.gaps[r.index].tolist()
+                               if r.index in run.gaps else [], r.prompt_tokens, r.output_tokens)
+               for r in run.records]
+    figures = RunFigures(itl=ExactGaps())
+    for record in records:
+        figures.add(record, window)
+    window_records = [record for record in records if counted(record, window)]
+    duration = window.duration_s
+    good = good_count(window_records, slos)
     client = ClientFigures(
-        ttft=Distribution.of(ttft), tpot=Distribution.of([t for t in tpot if t]), itl=Distribution.of(itl),
-        e2e=Distribution.of(e2e), completion_throughput_rps=len(ended) / duration,
-        output_tokens_per_s=output_tokens / duration, completed=len(ended), errors=0,
-        window_s=duration, good_completed=good, goodput_rps=good / duration)
-    samples = RequestSamples(ttft_s=ttft, tpot_s=tpot, itl_s=[float(g.mean()) for g in gaps], e2e_s=e2e)
-    return client, samples
+        **latencies(figures), completion_throughput_rps=figures.completed / duration,
+        output_tokens_per_s=output_tokens / duration, completed=figures.completed,
+        errors=sum(figures.failed.values()), window_s=duration, good_completed=good, goodput_rps=good / duration)
+    return client, samples_of(window_records)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.sketch import ALPHA, GapSketch
+from loadgen.sketch import ALPHA, ExactGaps, GapSketch
 from loadgen.summary import Distribution
 
 # per-request ITL gaps recorded by the load generator against the simulator (tiny profile, 256 streams, on a busy
@@ -64,3 +64,12 @@ def test_merged_sketches_answer_as_one_and_memory_is_fixed():
     size = whole.counts.nbytes
     whole.add(rng.exponential(0.01, 1_000_000))
     assert whole.counts.nbytes == size < 40_000
+
+
+def test_exact_gaps_answer_what_the_exact_distribution_does():
+    requests = recorded()
+    pool = ExactGaps()
+    assert Distribution.of_sketch(pool) == Distribution.of([])
+    for gaps in requests:
+        pool.add(gaps)
+    assert Distribution.of_sketch(pool) == Distribution.of(np.concatenate(requests))  # to the last bit

@@ -7,8 +7,9 @@ import math
 import pytest
 
 from loadgen.control import RunControl
+from loadgen.figures import RunFigures, counted
 from loadgen.llm_tab import Window
-from loadgen.request import RequestRecord
+from loadgen.request import RequestRecord, timed_elsewhere
 from loadgen.spec import load_spec
 from loadgen.window import final_window, live_window
 
@@ -72,3 +73,18 @@ def test_summary_counts_tokens_that_arrived_in_the_window():
     summary = ctl.summary()
     assert summary.output_tokens_per_s == pytest.approx(5 / 100)
     assert summary.total_tokens_per_s == pytest.approx((5 + 8) / 100)  # one prompt first answered in the window
+
+
+def test_a_request_timed_elsewhere_is_counted_and_timed_as_a_measured_one():
+    # a what-if run's request on the virtual clock: sent at 1015, first token at 1015.5, 4 tokens, last at 1016.1
+    record = timed_elsewhere("v0", 1015.0, 1015.5, 1016.1, [0.2, 0.2, 0.2], prompt_tokens=8, output_tokens=4)
+    assert (record.outcome, record.end_s, record.ttft_s, record.e2e_s) == ("ok", 1016.1, 0.5, 1016.1 - 1015.0)
+    assert record.tpot_s == pytest.approx(0.2) and record.dispatch_lag_s == 0.0
+    one_token = timed_elsewhere("v1", 1015.0, 1015.5, 1015.5, [], prompt_tokens=8, output_tokens=1)
+    assert one_token.tpot_s is None
+    window = live_window(load_spec(None, CLOSED), 1000.0, None)
+    figures = RunFigures()
+    for r in (record, one_token, timed_elsewhere("v2", 1005.0, 1005.5, 1006.1, [0.2] * 3, 8, 4)):  # warm-up's
+        figures.add(r, window)
+    assert figures.completed == 2 and list(figures.tpot) == [record.tpot_s] and figures.output_tokens == 5.0
+    assert [counted(r, window) for r in (record, one_token)] == [True, True]
