@@ -3,15 +3,17 @@
 ``requests`` bounds each socket operation (``timeout=``), not the exchange, and ``reply.text`` / ``reply.json()``
 buffer the whole body: an endless or dripping answer holds the reader for ever and takes its memory. Here a
 ``stream=True`` reply's body is read one socket read at a time, the deadline checked and the size counted after
-each. The exporter's scrapes (exporter/fetch.py), the tuner's /metrics samples, Prometheus queries and Grafana
-annotations, and the load generator's pre-flight (loadgen/target.py) read their peers through it.
+each. ``request`` is one exchange so bounded, whatever its method and status; ``fetch`` is a GET whose error
+status is raised. The exporter's scrapes (exporter/fetch.py), the tuner's /metrics samples, Prometheus queries and
+Grafana annotations, the calibration's probes and the load generator's pre-flight (loadgen/target.py, which
+answers redirects and error statuses itself) read their peers through it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import requests
@@ -79,25 +81,56 @@ def read_body(reply: requests.Response, deadline: float, max_bytes: int) -> byte
     return body
 
 
-def fetch(session: requests.Session, url: str, *, deadline: float, max_bytes: int,
-          headers: Mapping[str, str] | None = None) -> Body:
-    """GET ``url``: the whole body by ``deadline`` (time.monotonic) and at most ``max_bytes``, else FetchTimeout
-    or BodyTooLarge; an HTTP error status is requests.HTTPError. Anything failing once the deadline has passed
-    (a socket read timed out, a connection closed meanwhile) is a FetchTimeout."""
+@dataclass(frozen=True)
+class Answer:
+    """A peer's answer, whatever its status: the reply (closed; its status, headers and URL) and its body."""
+
+    reply: requests.Response
+    body: Body
+
+
+def request(session: requests.Session, method: str, url: str, *, deadline: float, max_bytes: int,
+            headers: Mapping[str, str] | None = None, json: object = None, follow_redirects: bool = True) -> Answer:
+    """One request: the whole answer by ``deadline`` (time.monotonic), its body within ``max_bytes``, else
+    FetchTimeout or BodyTooLarge. An error status's body is read within ERROR_MAX_BYTES, and left empty when
+    longer (its status says enough). Anything failing once the deadline has passed (a socket read timed out, a
+    connection closed meanwhile) is a FetchTimeout."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:  # queued behind stuck jobs until too late
         raise FetchTimeout
+    # each socket operation waits at most what was left at the start: a worker overruns its deadline by at most
+    # one read (the caller does not wait for it)
+    with _late_is_timeout(deadline), session.request(method, url, headers=headers, json=json, stream=True,
+                                                     timeout=(remaining, remaining),
+                                                     allow_redirects=follow_redirects) as reply:
+        return Answer(reply, Body(_answer_body(reply, deadline, max_bytes), reply.headers.get("Content-Type", "")))
+
+
+def _answer_body(reply: requests.Response, deadline: float, max_bytes: int) -> bytearray:
+    # an error's few words are read all the same: the connection then stays open for the next request
+    if reply.ok:
+        return read_body(reply, deadline, max_bytes)
     try:
-        # each socket operation waits at most what was left at the start: a worker overruns its deadline by at
-        # most one read (the caller does not wait for it)
-        with session.get(url, headers=headers, stream=True, timeout=(remaining, remaining)) as reply:
-            if not reply.ok:
-                # its few words are read, so the connection stays open for the next scrape
-                with contextlib.suppress(BodyTooLarge):
-                    read_body(reply, deadline, ERROR_MAX_BYTES)
-                reply.raise_for_status()
-            return Body(read_body(reply, deadline, max_bytes), reply.headers.get("Content-Type", ""))
+        return read_body(reply, deadline, ERROR_MAX_BYTES)
+    except BodyTooLarge:
+        return bytearray()
+
+
+@contextlib.contextmanager
+def _late_is_timeout(deadline: float) -> Iterator[None]:
+    try:
+        yield
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         if time.monotonic() >= deadline:
             raise FetchTimeout from exc
         raise
+
+
+def fetch(session: requests.Session, url: str, *, deadline: float, max_bytes: int,
+          headers: Mapping[str, str] | None = None) -> Body:
+    """GET ``url`` (``request``): its body, an HTTP error status raised as requests.HTTPError (a FetchTimeout once
+    the deadline has passed)."""
+    with _late_is_timeout(deadline):
+        answer = request(session, "GET", url, deadline=deadline, max_bytes=max_bytes, headers=headers)
+        answer.reply.raise_for_status()
+    return answer.body

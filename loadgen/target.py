@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import requests
 
-from batchscope.bounded_read import ERROR_MAX_BYTES, JSON_MAX_BYTES, Body, BodyTooLarge, FetchTimeout, read_body
+from batchscope.bounded_read import JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, request
 from batchscope.prompt_layout import ID_HIGH, ID_LOW, SALT_TOKENS, id_range, salt_capacity
 from loadgen import framing
 from loadgen.prompts import WORDS, chat_messages, draw_prompt, prompt_bodies
@@ -224,7 +224,7 @@ def _probe(base: str, session: requests.Session, headers: dict, model: str, time
     body = {"model": model, "prompt": [token_id], "max_tokens": 1}
     probe_headers = {**headers, "X-Request-Id": f"batchscope-vocabulary-probe-{token_id}"}
     try:
-        status, _, text = exchange(session, "POST", base + "/v1/completions", timeout_s, json=body,
+        status, _, text = exchange(session, "POST", base + "/v1/completions", timeout_s, payload=body,
                                    headers=probe_headers)
     except PEER_FAULTS as exc:
         return None, exc.__class__.__name__
@@ -258,22 +258,15 @@ def list_models(base: str, session: requests.Session, headers: dict) -> list[dic
         return exc
 
 
-def exchange(session: requests.Session, method: str, url: str, timeout_s: float,
-             **kwargs: object) -> tuple[int, requests.structures.CaseInsensitiveDict, str]:
-    """(status, headers, body text) of one pre-flight request, following no redirect, the whole exchange within
-    ``timeout_s`` and its body within JSON_MAX_BYTES (an error's within ERROR_MAX_BYTES; the rest left unread);
-    raises one of PEER_FAULTS."""
-    deadline = time.monotonic() + timeout_s
-    with session.request(method, url, stream=True, timeout=timeout_s, allow_redirects=False,
-                         **kwargs) as reply:  # type: ignore[arg-type]
-        cap = JSON_MAX_BYTES if reply.ok else ERROR_MAX_BYTES
-        try:
-            data = read_body(reply, deadline, cap)
-        except BodyTooLarge:
-            if reply.ok:
-                raise
-            data = bytearray()  # an error's status says enough
-        return reply.status_code, reply.headers, Body(data, reply.headers.get("Content-Type", "")).text()
+def exchange(session: requests.Session, method: str, url: str, timeout_s: float, *,
+             headers: dict[str, str] | None = None, payload: object = None
+             ) -> tuple[int, requests.structures.CaseInsensitiveDict, str]:
+    """(status, headers, body text) of one pre-flight request (batchscope.bounded_read.request), following no
+    redirect, the whole exchange within ``timeout_s`` and its body within JSON_MAX_BYTES (an error's within
+    ERROR_MAX_BYTES, else empty); ``payload`` is sent as JSON. Raises one of PEER_FAULTS."""
+    answer = request(session, method, url, deadline=time.monotonic() + timeout_s, max_bytes=JSON_MAX_BYTES,
+                     headers=headers, json=payload, follow_redirects=False)
+    return answer.reply.status_code, answer.reply.headers, answer.body.text()
 
 
 def resolve_model(spec: WorkloadSpec, base: str, models: list[dict] | Exception) -> str:
@@ -365,7 +358,7 @@ def _common_length(first: list[int], second: list[int]) -> int:
 def _tokenize_chat(base: str, session: requests.Session, headers: dict, messages: list[dict]) -> list[int]:
     try:
         status, _, text = exchange(session, "POST", base + "/tokenize", PREFLIGHT_TIMEOUT_S,
-                                   json={"messages": messages}, headers=headers)
+                                   payload={"messages": messages}, headers=headers)
     except PEER_FAULTS as exc:
         raise SpecError(f"endpoint: chat needs the server's /tokenize, which did not answer ({exc!s:.80})") from None
     if status != 200:
