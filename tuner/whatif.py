@@ -38,7 +38,7 @@ from batchscope.prompt_layout import ID_HIGH, ID_LOW, id_range, prompt_ids
 from batchscope.secrets import mask_argv
 from loadgen.figures import RunFigures, counted
 from loadgen.prompts import draw_prompt
-from loadgen.request import timed_elsewhere
+from loadgen.request import RequestRecord, timed_elsewhere
 from loadgen.sketch import ExactGaps
 from loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
 from loadgen.summary import latencies
@@ -50,6 +50,7 @@ from simulator.profile import Profile
 from simulator.responses import VLLM_VERSION
 from simulator.stats import EngineStats
 from simulator.virtual import ClosedLoop, FixedArrivals, PromptIds, RequestSpec, StepObserver, TimedResult, run_timed
+from simulator.virtual import RequestRecord as VirtualRecord
 from tuner.plan import Plan, ServingParams, SimulatorBackend, Slos
 from tuner.results import (
     ClientFigures,
@@ -260,9 +261,7 @@ def client_figures(run: TimedResult, window: MeasurementWindow, output_tokens: f
     ``output_tokens``: tokens delivered in the window, cut requests' included (the engine's count); goodput counts
     the requests whose own TTFT and TPOT met ``slos`` (Slos.count_met, as a real run's).
     """
-    records = [timed_elsewhere(str(r.index), r.arrival, r.first_token, r.finished, run.gaps[r.index].tolist()
-                               if r.index in run.gaps else [], r.prompt_tokens, r.output_tokens)
-               for r in run.records]
+    records = [as_measured(record, run.gaps.get(record.index)) for record in run.records]
     figures = RunFigures(itl=ExactGaps())
     for record in records:
         figures.add(record, window)
@@ -274,3 +273,9 @@ def client_figures(run: TimedResult, window: MeasurementWindow, output_tokens: f
         output_tokens_per_s=output_tokens / duration, completed=figures.completed,
         errors=sum(figures.failed.values()), window_s=duration, good_completed=good, goodput_rps=good / duration)
     return client, samples_of(window_records)
+
+
+def as_measured(record: VirtualRecord, gaps: np.ndarray | None) -> RequestRecord:
+    """A virtual request as the load generator records a measured one, sent at its arrival; ``gaps``: its ITL."""
+    return timed_elsewhere(str(record.index), record.arrival, record.first_token, record.finished,
+                           [] if gaps is None else gaps.tolist(), record.prompt_tokens, record.output_tokens)
