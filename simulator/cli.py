@@ -57,6 +57,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--fault-engine-stall-after-s", type=float,
                        help="seconds after start-up when the engine stops stepping (no tokens, queues kept)")
     serve.add_argument("--fault-engine-stall-s", type=float, default=0.0, help="how long the engine stays stopped, s")
+    serve.add_argument("--fault-stream-event-cpu-s", type=float, default=0.0,
+                       help="CPU time burnt per stream event, one step's tokens for one stream (a saturated "
+                            "API server), s")
     serve.set_defaults(run=run_serve)
     calibrate = sim_commands.add_parser("calibrate", help="probe a running vLLM and write a profile fitted to it")
     calibrate.add_argument("--url", required=True, help="base URL of the running vLLM")

@@ -54,6 +54,10 @@ class ServeConfig(BaseModel):
         None, ge=0, description="Seconds after start-up when the engine core stops stepping (a hung engine: requests "
                                 "stay running and waiting, no token is generated); unset: never.")
     fault_engine_stall_s: float = Field(0.0, ge=0, description="How long the engine core stays stopped, seconds.")
+    fault_stream_event_cpu_s: float = Field(
+        0.0, ge=0, le=1, description="CPU time the API server spends on each stream event (one step's new tokens "
+                                     "for one stream, one write), real busy work as a slow detokenizer or output "
+                                     "processor costs, seconds; 0: none.")
 
     @field_validator("gpu_memory_utilization")
     @classmethod

@@ -1,5 +1,7 @@
-"""Fault injection for tests of clients: HTTP 500s, streams cut half-way, requests held before answering, and a
-hung engine core (no step for a while, every request kept where it is).
+"""Fault injection for tests of clients: HTTP 500s, streams cut half-way, requests held before answering, a
+hung engine core (no step for a while, every request kept where it is), and an API server that burns CPU on every
+stream event (a saturated frontend: its process at a full core, as vLLM's is when detokenizing and writing tokens
+outpaces one event loop).
 
 Each request draws its faults from one seeded generator (``--seed``), in a fixed order, so a run is repeatable.
 """
@@ -8,9 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass
 
 from simulator.config import ServeConfig
+
+# a burn past this many times its CPU time in wall time gives up: a process starved of CPU then holds its event loop
+# a bounded while, and under-burns, rather than stretching one event's cost without end
+BURN_WALL_FACTOR = 100
 
 
 @dataclass(frozen=True)
@@ -69,3 +76,14 @@ class EngineStall:
         begin = started + self.after_s
         end = begin + self.duration_s
         return end if begin <= now < end else None
+
+
+def burn_cpu(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU time busy, holding the event loop meanwhile as real work would.
+
+    Real CPU, not a sleep: the process's ``process_cpu_seconds_total`` grows by it, as a slow detokenizer's does.
+    """
+    end = time.thread_time() + seconds
+    give_up = time.monotonic() + seconds * BURN_WALL_FACTOR
+    while time.thread_time() < end and time.monotonic() < give_up:
+        pass

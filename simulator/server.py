@@ -25,7 +25,7 @@ from batchscope.vllm_catalogue import EXPOSITION_CONTENT_TYPE
 from simulator import protocol, responses
 from simulator.arrivals import ArrivalStamps
 from simulator.config import Deployment
-from simulator.faults import EngineStall, FaultInjector
+from simulator.faults import EngineStall, FaultInjector, burn_cpu
 from simulator.metrics import VllmMetricsCollector
 from simulator.prefix_cache import block_hashes
 from simulator.protocol import ApiError, GenerationRequest
@@ -209,7 +209,8 @@ class SimulatorServer:
                       seed: int, cut_after: int | None, timing: RequestTiming) -> web.StreamResponse:
         response = await _event_stream(request)
         sse = SseFormatter(gen.chat, request_id, int(timing.arrival), self.config.name)
-        sink = _TokenSink(request.transport, response.chunked, sse, seed, timing, cut_after)
+        sink = _TokenSink(request.transport, response.chunked, sse, seed, timing, cut_after,
+                          self.config.fault_stream_event_cpu_s)
         stream.sink = sink.push
         if stream.produced:  # tokens that came before the sink was in place
             sink.push(stream.produced, stream.finish_reason)
@@ -234,17 +235,19 @@ class _TokenSink:
 
     Called synchronously with each step's result: formatting and writing here saves a task switch per token,
     which keeps the event loop free to take new requests promptly. ``done`` resolves True when the request
-    finished, False when the stream was cut on purpose or the client is gone.
+    finished, False when the stream was cut on purpose or the client is gone. ``event_cpu_s`` is the CPU each
+    event costs on top (--fault-stream-event-cpu-s), spent on the event loop as vLLM's output processing is.
     """
 
     def __init__(self, transport: asyncio.Transport | None, chunked: bool, sse: SseFormatter, seed: int,
-                 timing: RequestTiming, cut_after: int | None) -> None:
+                 timing: RequestTiming, cut_after: int | None, event_cpu_s: float) -> None:
         self.transport = transport
         self.chunked = chunked
         self.sse = sse
         self.seed = seed
         self.timing = timing
         self.cut_after = cut_after
+        self.event_cpu_s = event_cpu_s
         self.sent = 0
         self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
@@ -254,6 +257,8 @@ class _TokenSink:
         if self.transport is None or self.transport.is_closing():
             self.done.set_result(False)
             return
+        if self.event_cpu_s:
+            burn_cpu(self.event_cpu_s)
         data = self.sse.tokens(self.seed, self.sent, produced, reason).encode()
         self.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
         self.timing.token_written(time.time())

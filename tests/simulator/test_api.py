@@ -212,6 +212,22 @@ def test_engine_stall_holds_requests_in_the_engine_without_generating_tokens(sim
     assert metric_value(sim.url, "vllm:generation_tokens_total") == 10
 
 
+def test_stream_event_cpu_cost_is_real_cpu_of_the_server_process(simulator):
+    """--fault-stream-event-cpu-s: each stream event (one step's tokens for one stream) costs the server process
+    that much CPU, in its process_cpu_seconds_total (what the API-server CPU alert reads); the stream stays whole."""
+    cost, tokens = 0.01, 50
+    sim = simulator("--profile", "tiny", "--fault-stream-event-cpu-s", str(cost))
+    before = metric_value(sim.url, "process_cpu_seconds_total")
+    body = {"prompt": "x", "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    with requests.post(sim.url + "/v1/completions", json=body, stream=True, timeout=30) as reply:
+        events = [line for line in reply.iter_lines() if line.startswith(b"data: ")]
+    assert events[-1] == b"data: [DONE]" and len(events) == tokens + 1
+    spent = metric_value(sim.url, "process_cpu_seconds_total") - before
+    # one stream: one event per step, so about one per token (the first may carry two); the tiny profile's own
+    # work for 50 tokens is a few milliseconds, so without the cost this is far below the bound
+    assert spent >= 0.8 * tokens * cost, spent
+
+
 def test_ground_truth_log_matches_what_the_client_sees(simulator, tmp_path):
     truth = tmp_path / "truth.jsonl"
     sim = simulator("--profile", "tiny", "--ground-truth-log", str(truth))
