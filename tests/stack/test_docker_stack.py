@@ -17,6 +17,7 @@ BATCHSCOPE_DOCKER the tier is skipped; `make test SKIP_DOCKER=1` leaves it out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -54,8 +55,18 @@ TIGHT_UTILIZATION = "0.235"
 VOCAB_SIZE = 128256  # the default model's (simulator/profiles/h100-llama-3.1-8b.yaml): the pre-flight's probes
 UP_S = 300  # cold: the project's image is built first (separately); a warm `up --wait` took 38 s here
 ALERT_S = 240  # preemptions from the first requests; 1 m rate, for: 30s, 5 s evaluation, group_wait 10s
-RUN_END_S = 300  # the spec's 150 s from the run's start, and the summary
+RUN_END_S = 300  # the spec's 100 s (the gpu project's 20 s and vLLM's start) from the run's start, and the summary
 SCRAPE_S = 60  # a few of Prometheus' 5 s scrapes and the exporter's answer
+# the gpu profile's second project: the stand-in's baked-in model (scripts/build_tiny_model.py's vocabulary)
+REAL_VLLM_ENV = "BATCHSCOPE_REAL_VLLM"
+GPU_PROJECT = "batchscope-gpu"
+TINY_MODEL = "/models/tiny-llama"
+TINY_VOCAB_SIZE = 8000
+VLLM_SPEC = ROOT / "tests" / "stack" / "vllm-spec.yaml"
+# families a 0.32 vLLM exposes and the overview reads (waiting_by_reason and cache_config_info are vLLM's own)
+REAL_VLLM_SERIES = ("vllm:num_requests_waiting_by_reason", "vllm:kv_cache_usage_perc",
+                    "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+                    "vllm:cache_config_info", "batchscope_client_requests_total", "batchscope_vllm_config_info")
 
 
 @dataclass
@@ -65,13 +76,15 @@ class Stack:
     folder: Path
     run: Path
     ports: dict[str, int] = field(default_factory=dict)
+    project: str = "batchscope"  # compose.yaml's name
+    variables: dict[str, str] = field(default_factory=lambda: {
+        "GPU_MEMORY_UTILIZATION": TIGHT_UTILIZATION, "LOADGEN_SPEC": f"./{SPEC.relative_to(ROOT)}"})
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "DOCKER_HOST": f"unix://{self.run}/docker.sock",
                 "DOCKER_CONFIG": str(self.folder / "config"), "COMPOSE_BAKE": "false",
-                "DOCKER_SOCKET": str(self.run / "docker.sock"), "GPU_MEMORY_UTILIZATION": TIGHT_UTILIZATION,
-                "LOADGEN_SPEC": f"./{SPEC.relative_to(ROOT)}", **{name: str(port) for name, port in self.ports.items()},
-                **extra}
+                "DOCKER_SOCKET": str(self.run / "docker.sock"), "COMPOSE_PROJECT_NAME": self.project,
+                **self.variables, **{name: str(port) for name, port in self.ports.items()}, **extra}
 
     def docker(self, *args: str, timeout_s: float = 120, **extra: str) -> str:
         result = subprocess.run([DOCKER, *args], cwd=ROOT, env=self.env(**extra), capture_output=True, text=True,
@@ -262,6 +275,58 @@ def test_a_knob_changed_the_documented_way_is_read_counted_once_annotated_and_in
                timeout_s=SCRAPE_S, interval_s=1, message="two scrapes after the change")
     assert stack.query("batchscope_config_changes_total")[0]["value"][1] == str(int(before + 1))
     assert stack.exporter()[changes] == before + 1 and len(new_annotations()) == 1
+
+
+@contextlib.contextmanager
+def gpu_project(stack: Stack) -> Iterator[Stack]:
+    """A second compose project on the same engine, with the same service names: the gpu profile measuring the
+    real vLLM (the vllm/vllm-openai stand-in) under a short load, its own host ports; always taken down."""
+    image = "vllm/vllm-openai:v0.32.0"
+    if subprocess.run([DOCKER, "image", "inspect", image], env=stack.env(), capture_output=True).returncode:
+        if not os.environ.get(REAL_VLLM_ENV):
+            pytest.skip(f"{REAL_VLLM_ENV} is not set: scripts/docker-setup builds the {image} stand-in from that tier")
+        pytest.fail(f"{REAL_VLLM_ENV} is set but scripts/docker-setup built no {image} stand-in")
+    gpu = Stack(stack.folder, stack.run, ports={name: free_port() for name in stack.ports}, project=GPU_PROJECT,
+                variables={"TARGET": "vllm", "MODEL": TINY_MODEL, "MAX_MODEL_LEN": "1024", "MAX_NUM_SEQS": "8",
+                           "LOADGEN_SPEC": f"./{VLLM_SPEC.relative_to(ROOT)}"})
+    try:
+        gpu.compose("--profile", "gpu", "up", "--wait", "--wait-timeout", str(UP_S), timeout_s=UP_S + 60)
+        yield gpu
+    finally:
+        gpu.compose("--profile", "gpu", "down", "-v", "--timeout", "30", timeout_s=180)
+
+
+def config_labels(stack: Stack) -> dict[str, str]:
+    return dict(next(labels for (name, labels), _ in stack.exporter().items() if name == "batchscope_vllm_config_info"))
+
+
+def test_the_gpu_profile_measures_a_real_vllm_and_a_second_project_does_not_confuse_either_exporter(
+        stack: Stack, tmp_path):
+    changes = ("batchscope_config_changes_total", ())
+    ours, changes_before = config_labels(stack), stack.exporter()[changes]
+    with gpu_project(stack) as gpu:
+        # each exporter reads its own project's served container: vllm's command line there, our simulator here
+        served = config_labels(gpu)
+        assert (served["model"], served["max_num_seqs"], served["max_model_len"]) == (TINY_MODEL, "8", "1024")
+        assert gpu.exporter()[("batchscope_vllm_kv_cache_capacity_tokens", ())] > 0  # vLLM's own start-up line
+        assert config_labels(stack) == ours and stack.exporter()[changes] == changes_before
+        wait_until(lambda: gpu.get("LOCUST_WEB_HOST_PORT", "/llm/state").json()["state"] == "stopped",
+                   timeout_s=RUN_END_S, interval_s=2, message="the end of the real vLLM's run")
+        metrics = gpu.exporter()
+        # the series the dashboards read, from the real vLLM through the exporter, in this project's Prometheus
+        # (the client's while the master still serves them)
+        for series in REAL_VLLM_SERIES:
+            wait_until(lambda series=series: gpu.query(series), timeout_s=SCRAPE_S, interval_s=1,
+                       message=f"{series} in the gpu project's Prometheus")
+        gpu.compose("stop", "locust-master", timeout_s=60)
+        gpu.compose("cp", "locust-master:/out/latest/summary.json", str(tmp_path / "summary.json"))
+        result = json.loads((tmp_path / "summary.json").read_text())
+        assert result["balanced"] and result["outcomes"]["ok"] > 0, result
+        served_total = sum(v for (name, _), v in metrics.items() if name == "vllm:request_success_total")
+        probes = probes_answered(WorkloadSpec.model_validate(result["spec"]), TINY_VOCAB_SIZE)
+        failed = result["started"] - result["outcomes"]["ok"]
+        assert result["outcomes"]["ok"] + probes <= served_total <= result["outcomes"]["ok"] + probes + failed
+        assert config_labels(stack) == ours and stack.exporter()[changes] == changes_before
 
 
 def test_down_removes_every_container_network_and_volume(stack: Stack):
