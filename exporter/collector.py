@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 from batchscope.bounded_read import JSON_MAX_BYTES, METRICS_MAX_BYTES, FetchTimeout, fetch
 from batchscope.live_run import LiveFileError, LiveRun, read_live_file
 from exporter import families
-from exporter.changes import ChangeTracker
+from exporter.changes import RESTART_TOLERANCE_S, ChangeTracker
 from exporter.config import ServingConfig, from_exposed, parse_command
 from exporter.docker_source import ContainerView, DockerSource
 from exporter.fetch import Workers
@@ -103,6 +103,8 @@ class BatchscopeCollector(Collector):
         self._in_flight: _Collection | None = None
         self._follow_problem: str | None = None  # the live file's last problem, logged once until it changes
         self._slo = SloGauge(sources.slo)
+        # (vLLM's start, its container's start) at the last whole configuration (_config_is_whole)
+        self._starts: tuple[float | None, float | None] | None = None
 
     def collect(self) -> Iterator[Metric]:
         yield from self._shared_collection()
@@ -162,7 +164,8 @@ class BatchscopeCollector(Collector):
                              for path in JSON_PATHS)
             config = self._config(vllm.families, card, version, container, targets.command)
             started_at = vllm.start_time_s if vllm.start_time_s is not None else getattr(container, "started_at", None)
-            self._changes.observe(config, started_at)
+            if self._config_is_whole(container, started_at):
+                self._changes.observe(config, started_at)
             collected += self._config_families(config, vllm.families, container)
         return [*collected, *self._change_families(), *_health_families(scrapes)]
 
@@ -251,6 +254,23 @@ class BatchscopeCollector(Collector):
 
     # ----- configuration -------------------------------------------------------------------------------
 
+    def _config_is_whole(self, container: ContainerView | None, started_at: float | None) -> bool:
+        """Whether this scrape's configuration may be compared with the last one. With a docker source, the
+        container's command line holds the knobs: a scrape without its view (a container being re-created, or an
+        engine slow to answer), or with the view of the container that ran before the restart /metrics already
+        shows, would turn `MAX_NUM_BATCHED_TOKENS=8192 docker compose up -d` into "vLLM restarted, configuration
+        unchanged" and then a second change. Such a scrape is left out; the next whole one counts the change once."""
+        if self._sources.docker is None:
+            return True
+        if container is None:
+            return False
+        previous, self._starts = self._starts, (started_at, container.started_at)
+        if previous is not None and _moved(started_at, previous[0]) and _moved(container.started_at,
+                                                                                previous[1]) is False:
+            self._starts = previous  # a stale view: compare the next scrape with the last whole one
+            return False
+        return True
+
     def _config(self, vllm_families: list[Metric], models: dict | None, version: dict | None,
                 container: ContainerView | None, command: str | list[str] | None) -> ServingConfig:
         card = (models or {}).get("data", [None])[0] if models else None
@@ -298,6 +318,13 @@ class BatchscopeCollector(Collector):
         yield GaugeMetricFamily("batchscope_config_last_change_timestamp_seconds",
                                 "Unix time of the last configuration change (0 = none seen).",
                                 value=self._changes.last_change_s)
+
+
+def _moved(now: float | None, before: float | None) -> bool | None:
+    """Whether a start time moved beyond the restart tolerance; None when either is unknown."""
+    if now is None or before is None:
+        return None
+    return abs(now - before) > RESTART_TOLERANCE_S
 
 
 def cache_config_labels(vllm_families: list[Metric]) -> dict[str, str]:

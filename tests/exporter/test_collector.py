@@ -9,6 +9,7 @@ import json
 import logging
 from pathlib import Path
 
+import docker
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,7 +18,7 @@ from batchscope.live_run import MAX_BYTES
 from exporter.changes import ChangeTracker
 from exporter.collector import BatchscopeCollector, ExporterSources, kv_capacity
 from exporter.config import ServingConfig
-from exporter.docker_source import ContainerView
+from exporter.docker_source import ContainerView, DockerSource
 from tests.conftest import free_port
 from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply, json_reply
@@ -301,3 +302,55 @@ def test_before_any_run_starts_the_flags_targets_are_read_quietly(upstream, tmp_
     registry = registry_of(collector_for(upstream, follow=tmp_path / "not-yet.json"))
     assert registry.get_sample_value("batchscope_up", {"target": "vllm"}) == 1
     assert not caplog.records
+
+
+class Engine:
+    """Docker's API as a loopback stub serving one compose service's container, which a test may replace or
+    remove between scrapes (as `docker compose up -d` re-creating it does)."""
+
+    def __init__(self) -> None:
+        self.container: dict | None = None
+        self.stub = HttpStub(self._route).start()
+
+    def serve(self, cid: str, batched_tokens: int, started_at: str) -> None:
+        self.container = {"Id": cid, "Name": "/batchscope-vllm-1",
+                          "Config": {"Entrypoint": ["vllm", "serve"], "Tty": False,
+                                     "Cmd": [MODEL, "--max-num-batched-tokens", str(batched_tokens)],
+                                     "Labels": {"com.docker.compose.service": "vllm"}},
+                          "State": {"Status": "running", "StartedAt": started_at}}
+
+    def _route(self, _method: str, path: str) -> Reply:
+        found = self.container
+        if path.startswith("/v1.43/containers/json"):
+            return json_reply([] if found is None else [{"Id": found["Id"], "Labels": found["Config"]["Labels"]}])
+        if found is not None and path.startswith(f"/v1.43/containers/{found['Id']}/json"):
+            return json_reply(found)
+        if found is not None and path.startswith(f"/v1.43/containers/{found['Id']}/logs"):
+            return Reply(body=b"", content_type="application/vnd.docker.raw-stream")
+        return json_reply({"message": "no such container"}, status=404)
+
+
+@pytest.mark.parametrize("between", ["no container", "the old container"])
+def test_a_container_re_created_with_a_new_knob_is_one_change_with_its_diff(upstream, between, caplog):
+    """The restart scrape may catch the engine between two containers, or still answering about the old one:
+    neither is "vLLM restarted, configuration unchanged"; the next whole scrape counts the change, once."""
+    engine = Engine()
+    source = DockerSource(lambda: docker.DockerClient(base_url=engine.stub.url.replace("http", "tcp"),
+                                                      version="1.43"), service="vllm", project="")
+    registry = registry_of(collector_for(upstream, docker=source))
+    try:
+        engine.serve("c0ffee", 2048, "2026-12-01T17:00:00Z")
+        registry.get_sample_value("batchscope_config_changes_total")
+        upstream.vllm_text = VLLM_METRICS.replace("process_start_time_seconds 1.7e+09",
+                                                  "process_start_time_seconds 1.8e+09")
+        if between == "no container":
+            engine.container = None
+        with caplog.at_level(logging.INFO, logger="batchscope.exporter"):
+            assert registry.get_sample_value("batchscope_config_changes_total") == 0
+            engine.serve("f00d", 8192, "2026-12-01T17:05:00Z")
+            assert registry.get_sample_value("batchscope_config_changes_total") == 1
+            assert registry.get_sample_value("batchscope_config_changes_total") == 1
+        changes = [r.getMessage() for r in caplog.records if "configuration change" in r.getMessage()]
+        assert changes == ["configuration change: max_num_batched_tokens: 2048 → 8192"]
+    finally:
+        engine.stub.stop()
