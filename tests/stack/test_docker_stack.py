@@ -4,20 +4,21 @@ scripts/docker-setup (run by `make test`, which sets BATCHSCOPE_DOCKER to the fo
 and Compose v2 and builds the stand-ins for the images compose.yaml pins, none of which can be pulled here
 (tests/stack/standins: each Dockerfile says what it stands in for and how faithfully; Grafana is a recording stub).
 This module starts a private dockerd on those images and always stops it. Compose reads compose.yaml plus two
-files: .ci/compose.ci.yaml (only what this engine cannot do: pulls, NAT for the build) and compose.webhook.yaml
+files: .ci/compose.ci.yaml (only what this engine cannot do: pulls, NAT for the build, the GPU) and compose.webhook.yaml
 (the webhook receiver alertmanager.yml names as its placeholder, the recording stub). Every host port is set to a
 free one through the stack's *_HOST_PORT variables, so the tier runs beside whatever else the machine runs.
 
 One stack for the module, in the order of the tests below: up; services, ports, targets and series; a load that
 preempts (the documented GPU_MEMORY_UTILIZATION and LOADGEN_SPEC) fires VllmPreemptionSpike through Alertmanager
 to the webhook; the run's summary agrees with the exporter's figures; a knob changed the documented way is read
-through the docker socket, counted, annotated and in Prometheus; `down -v` leaves nothing. Without
-BATCHSCOPE_DOCKER the tier is skipped; `make test SKIP_DOCKER=1` leaves it out.
+through the docker socket, counted, annotated and in Prometheus. Beside it, from its start (vLLM's start overlaps
+the tests above), a second project with the same service names runs the gpu profile on a real vLLM (the
+vllm/vllm-openai stand-in, built from the real-vLLM tier): each exporter reads its own project's containers. `down
+-v` of both leaves nothing. Without BATCHSCOPE_DOCKER the tier is skipped; `make test SKIP_DOCKER=1` leaves it out.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -60,6 +61,7 @@ SCRAPE_S = 60  # a few of Prometheus' 5 s scrapes and the exporter's answer
 # the gpu profile's second project: the stand-in's baked-in model (scripts/build_tiny_model.py's vocabulary)
 REAL_VLLM_ENV = "BATCHSCOPE_REAL_VLLM"
 GPU_PROJECT = "batchscope-gpu"
+VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
 TINY_MODEL = "/models/tiny-llama"
 TINY_VOCAB_SIZE = 8000
 VLLM_SPEC = ROOT / "tests" / "stack" / "vllm-spec.yaml"
@@ -79,6 +81,10 @@ class Stack:
     project: str = "batchscope"  # compose.yaml's name
     variables: dict[str, str] = field(default_factory=lambda: {
         "GPU_MEMORY_UTILIZATION": TIGHT_UTILIZATION, "LOADGEN_SPEC": f"./{SPEC.relative_to(ROOT)}"})
+    # the gpu profile's project, brought up in the background beside this one (None: no vllm stand-in built)
+    gpu: Stack | None = None
+    gpu_up: subprocess.Popen | None = None
+    gpu_up_log: Path | None = None
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "DOCKER_HOST": f"unix://{self.run}/docker.sock",
@@ -92,9 +98,11 @@ class Stack:
         assert result.returncode == 0, f"docker {' '.join(args)} exited {result.returncode}:\n{result.stderr[-3000:]}"
         return result.stdout
 
+    def compose_argv(self, *args: str) -> list[str]:
+        return [DOCKER, "compose", *[part for name in FILES for part in ("-f", name)], *args]
+
     def compose(self, *args: str, timeout_s: float = 120, **extra: str) -> str:
-        files = [part for name in FILES for part in ("-f", name)]
-        return self.docker("compose", *files, *args, timeout_s=timeout_s, **extra)
+        return self.docker(*self.compose_argv(*args)[1:], timeout_s=timeout_s, **extra)
 
     def url(self, variable: str, path: str = "") -> str:
         return f"http://127.0.0.1:{self.ports[variable]}{path}"
@@ -143,26 +151,53 @@ def engine() -> Iterator[tuple[Path, Path]]:
 @pytest.fixture(scope="module")
 def stack(engine: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = Stack(*engine, ports={name: free_port() for name in host_port_variables()})
-    logs = tmp_path_factory.mktemp("docker-stack") / "compose.log"
+    logs = tmp_path_factory.mktemp("docker-stack")
     try:
         # one build of our image (compose would build it once per service that names it, concurrently)
         stack.compose("build", "simulator", timeout_s=UP_S)
         stack.compose("up", "--wait", "--wait-timeout", str(UP_S), timeout_s=UP_S + 60)
+        start_gpu_project(stack, logs / "gpu-up.log")  # vLLM's start overlaps the tests of the first project
         yield stack
     finally:
-        compose = [DOCKER, "compose", *[part for name in FILES for part in ("-f", name)]]
-        with logs.open("w") as out:  # every service's log, for a failed test (the engine's is in the run folder)
-            subprocess.run([*compose, "logs", "--no-color", "--timestamps"], cwd=ROOT, env=stack.env(), stdout=out,
-                           stderr=subprocess.STDOUT, timeout=120)
-        print(f"the stack's logs: {logs}")
-        subprocess.run([*compose, "down", "-v", "--timeout", "10"], cwd=ROOT, env=stack.env(), capture_output=True,
-                       timeout=120)
+        if stack.gpu_up is not None and stack.gpu_up.poll() is None:  # a test failed before waiting for it
+            stack.gpu_up.terminate()
+            stack.gpu_up.wait(timeout=60)
+        for project in (stack, stack.gpu):
+            if project is not None:
+                take_down(project, logs / f"{project.project}.log")
         # the cached data-root keeps the stand-ins and this build; earlier builds of our image would pile up
         subprocess.run([DOCKER, "image", "prune", "-f"], env=stack.env(), capture_output=True, timeout=120)
 
 
+def start_gpu_project(stack: Stack, log: Path) -> None:
+    """A second compose project on the same engine, with the same service names: the gpu profile measuring the
+    real vLLM (the vllm/vllm-openai stand-in) under a short load, on its own host ports; `up --wait` in the
+    background (the gpu test waits for it). Nothing when no stand-in was built (the test says why)."""
+    if subprocess.run([DOCKER, "image", "inspect", VLLM_IMAGE], env=stack.env(), capture_output=True).returncode:
+        return
+    stack.gpu = Stack(stack.folder, stack.run, ports={name: free_port() for name in stack.ports},
+                      project=GPU_PROJECT,
+                      variables={"TARGET": "vllm", "MODEL": TINY_MODEL, "MAX_MODEL_LEN": "1024", "MAX_NUM_SEQS": "8",
+                                 "LOADGEN_SPEC": f"./{VLLM_SPEC.relative_to(ROOT)}"})
+    stack.gpu_up_log = log
+    with log.open("w") as out:
+        stack.gpu_up = subprocess.Popen(stack.gpu.compose_argv("--profile", "gpu", "up", "--wait", "--wait-timeout",
+                                                               str(UP_S)), cwd=ROOT, env=stack.gpu.env(),
+                                        stdout=out, stderr=subprocess.STDOUT)
+
+
+def take_down(project: Stack, log: Path) -> None:
+    """Every service's log (for a failed test; path printed; the engine's is in the run folder), then `down -v`."""
+    with log.open("w") as out:
+        subprocess.run(project.compose_argv("--profile", "gpu", "logs", "--no-color", "--timestamps"), cwd=ROOT,
+                       env=project.env(), stdout=out, stderr=subprocess.STDOUT, timeout=120)
+    print(f"the {project.project} project's logs: {log}")
+    subprocess.run(project.compose_argv("--profile", "gpu", "down", "-v", "--timeout", "10"), cwd=ROOT,
+                   env=project.env(), capture_output=True, timeout=120)
+
+
 def containers(stack: Stack) -> list[dict]:
-    ids = stack.docker("ps", "-aq").split()
+    ids = stack.docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={stack.project}").split()
     return json.loads(stack.docker("inspect", *ids)) if ids else []
 
 
@@ -277,60 +312,50 @@ def test_a_knob_changed_the_documented_way_is_read_counted_once_annotated_and_in
     assert stack.exporter()[changes] == before + 1 and len(new_annotations()) == 1
 
 
-@contextlib.contextmanager
-def gpu_project(stack: Stack) -> Iterator[Stack]:
-    """A second compose project on the same engine, with the same service names: the gpu profile measuring the
-    real vLLM (the vllm/vllm-openai stand-in) under a short load, its own host ports; always taken down."""
-    image = "vllm/vllm-openai:v0.32.0"
-    if subprocess.run([DOCKER, "image", "inspect", image], env=stack.env(), capture_output=True).returncode:
-        if not os.environ.get(REAL_VLLM_ENV):
-            pytest.skip(f"{REAL_VLLM_ENV} is not set: scripts/docker-setup builds the {image} stand-in from that tier")
-        pytest.fail(f"{REAL_VLLM_ENV} is set but scripts/docker-setup built no {image} stand-in")
-    gpu = Stack(stack.folder, stack.run, ports={name: free_port() for name in stack.ports}, project=GPU_PROJECT,
-                variables={"TARGET": "vllm", "MODEL": TINY_MODEL, "MAX_MODEL_LEN": "1024", "MAX_NUM_SEQS": "8",
-                           "LOADGEN_SPEC": f"./{VLLM_SPEC.relative_to(ROOT)}"})
-    try:
-        gpu.compose("--profile", "gpu", "up", "--wait", "--wait-timeout", str(UP_S), timeout_s=UP_S + 60)
-        yield gpu
-    finally:
-        gpu.compose("--profile", "gpu", "down", "-v", "--timeout", "30", timeout_s=180)
-
-
 def config_labels(stack: Stack) -> dict[str, str]:
     return dict(next(labels for (name, labels), _ in stack.exporter().items() if name == "batchscope_vllm_config_info"))
 
 
 def test_the_gpu_profile_measures_a_real_vllm_and_a_second_project_does_not_confuse_either_exporter(
         stack: Stack, tmp_path):
-    changes = ("batchscope_config_changes_total", ())
-    ours, changes_before = config_labels(stack), stack.exporter()[changes]
-    with gpu_project(stack) as gpu:
-        # each exporter reads its own project's served container: vllm's command line there, our simulator here
-        served = config_labels(gpu)
-        assert (served["model"], served["max_num_seqs"], served["max_model_len"]) == (TINY_MODEL, "8", "1024")
-        assert gpu.exporter()[("batchscope_vllm_kv_cache_capacity_tokens", ())] > 0  # vLLM's own start-up line
-        assert config_labels(stack) == ours and stack.exporter()[changes] == changes_before
-        wait_until(lambda: gpu.get("LOCUST_WEB_HOST_PORT", "/llm/state").json()["state"] == "stopped",
-                   timeout_s=RUN_END_S, interval_s=2, message="the end of the real vLLM's run")
-        metrics = gpu.exporter()
-        # the series the dashboards read, from the real vLLM through the exporter, in this project's Prometheus
-        # (the client's while the master still serves them)
-        for series in REAL_VLLM_SERIES:
-            wait_until(lambda series=series: gpu.query(series), timeout_s=SCRAPE_S, interval_s=1,
-                       message=f"{series} in the gpu project's Prometheus")
-        gpu.compose("stop", "locust-master", timeout_s=60)
-        gpu.compose("cp", "locust-master:/out/latest/summary.json", str(tmp_path / "summary.json"))
-        result = json.loads((tmp_path / "summary.json").read_text())
-        assert result["balanced"] and result["outcomes"]["ok"] > 0, result
-        served_total = sum(v for (name, _), v in metrics.items() if name == "vllm:request_success_total")
-        probes = probes_answered(WorkloadSpec.model_validate(result["spec"]), TINY_VOCAB_SIZE)
-        failed = result["started"] - result["outcomes"]["ok"]
-        assert result["outcomes"]["ok"] + probes <= served_total <= result["outcomes"]["ok"] + probes + failed
-        assert config_labels(stack) == ours and stack.exporter()[changes] == changes_before
+    if stack.gpu is None or stack.gpu_up is None:
+        if not os.environ.get(REAL_VLLM_ENV):
+            pytest.skip(f"{REAL_VLLM_ENV} is not set: scripts/docker-setup builds the {VLLM_IMAGE} stand-in from it")
+        pytest.fail(f"{REAL_VLLM_ENV} is set but scripts/docker-setup built no {VLLM_IMAGE} stand-in")
+    gpu = stack.gpu
+    assert stack.gpu_up.wait(timeout=UP_S + 60) == 0, f"the gpu project's `up --wait` failed: {stack.gpu_up_log}"
+    # each exporter reads its own project's served container: vllm's command line there, our simulator here (its
+    # one change the knob test's), though both projects have a simulator and started while the other ran
+    served = config_labels(gpu)
+    assert (served["model"], served["max_num_seqs"], served["max_model_len"]) == (TINY_MODEL, "8", "1024")
+    assert gpu.exporter()[("batchscope_vllm_kv_cache_capacity_tokens", ())] > 0  # vLLM's own start-up line
+    ours = config_labels(stack)
+    assert (ours["model"], ours["max_num_seqs"], ours["max_num_batched_tokens"]) == (
+        "meta-llama/Llama-3.1-8B-Instruct", "128", "8192")
+    assert stack.exporter()[("batchscope_config_changes_total", ())] == 1
+    wait_until(lambda: gpu.get("LOCUST_WEB_HOST_PORT", "/llm/state").json()["state"] == "stopped",
+               timeout_s=RUN_END_S, interval_s=2, message="the end of the real vLLM's run")
+    metrics = gpu.exporter()
+    # the series the dashboards read, from the real vLLM through the exporter, in this project's Prometheus (the
+    # client's while the master still serves them)
+    for series in REAL_VLLM_SERIES:
+        wait_until(lambda series=series: gpu.query(series), timeout_s=SCRAPE_S, interval_s=1,
+                   message=f"{series} in the gpu project's Prometheus")
+    gpu.compose("stop", "locust-master", timeout_s=60)
+    gpu.compose("cp", "locust-master:/out/latest/summary.json", str(tmp_path / "summary.json"))
+    result = json.loads((tmp_path / "summary.json").read_text())
+    assert result["balanced"] and result["outcomes"]["ok"] > 0, result
+    served_total = sum(v for (name, _), v in metrics.items() if name == "vllm:request_success_total")
+    probes = probes_answered(WorkloadSpec.model_validate(result["spec"]), TINY_VOCAB_SIZE)
+    failed = result["started"] - result["outcomes"]["ok"]
+    assert result["outcomes"]["ok"] + probes <= served_total <= result["outcomes"]["ok"] + probes + failed
+    assert config_labels(stack) == ours
 
 
 def test_down_removes_every_container_network_and_volume(stack: Stack):
-    stack.compose("down", "-v", "--timeout", "30", timeout_s=180)
+    for project in (stack.gpu, stack):
+        if project is not None:
+            project.compose("--profile", "gpu", "down", "-v", "--timeout", "30", timeout_s=180)
     assert stack.docker("ps", "-aq").split() == []
     assert stack.docker("volume", "ls", "-q").split() == []
     # the engine runs with --bridge=none: only its built-in host and null networks remain
