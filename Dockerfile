@@ -21,15 +21,21 @@ RUN groupadd --gid 10001 batchscope \
 WORKDIR /app
 # Only what the package needs (.dockerignore keeps the rest, .env included, out of the build context).
 COPY pyproject.toml README.md ./
+# The runtime dependencies (no [test] extra) first, in a layer of their own: a change to the code rebuilds only
+# the layers below, in seconds, instead of downloading every dependency again.
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
 COPY batchscope ./batchscope
 COPY simulator ./simulator
 COPY loadgen ./loadgen
 COPY exporter ./exporter
 COPY tuner ./tuner
 COPY examples ./examples
-# The runtime dependencies only (no [test] extra). The sources stay in /app because Locust takes the
-# locustfile by path: `locust -f loadgen/adapter/locustfile.py`, as in the README.
-RUN pip install . && rm -rf build ./*.egg-info
+# The sources stay in /app because Locust takes the locustfile by path: `locust -f loadgen/adapter/locustfile.py`,
+# as in the README.
+RUN pip install --no-deps . && rm -rf build ./*.egg-info
 
 USER batchscope
 

@@ -23,6 +23,8 @@ CONCURRENCY = 2
 SPEC = {"input_tokens": 16, "output_tokens": 8, "timeout_s": 1.0, "duration_s": 2.5,
         "load": {"mode": "concurrency", "concurrency": CONCURRENCY}}
 RSS_BOUND_MB = 300.0  # the load idles at ~85 MB; 1 MiB events and 16 MiB chunks at their caps stay far below
+# each mode's case: long enough for a request to time out (timeout_s) and another to start
+CASE_DURATION_S = 1.5
 WALL_BOUND_S = 30.0  # 2.5 s of load, Locust's start and end, on 2 cores shared with other test runs
 KILL_AFTER_S = 60.0  # a run still going then is killed (and fails the time bound)
 AS_LIMIT_BYTES = 2 << 30  # address space: the load maps ~0.4 GB at rest
@@ -48,8 +50,8 @@ CASES = {
 }
 
 
-def load(tmp_path, host: str) -> BoundedLoad:
-    return bounded_load(tmp_path, SPEC, host, timeout_s=KILL_AFTER_S, address_space_bytes=AS_LIMIT_BYTES)
+def load(tmp_path, host: str, **spec) -> BoundedLoad:
+    return bounded_load(tmp_path, {**SPEC, **spec}, host, timeout_s=KILL_AFTER_S, address_space_bytes=AS_LIMIT_BYTES)
 
 
 def fault_lines(output: str) -> list[str]:
@@ -60,7 +62,7 @@ def fault_lines(output: str) -> list[str]:
 def test_a_hostile_server_ends_every_request_in_one_outcome_in_bounded_time_and_memory(tmp_path, mode):
     status, outcome, reason = CASES[mode]
     with HostileServer(mode) as server:
-        result = load(tmp_path, server.url)
+        result = load(tmp_path, server.url, duration_s=CASE_DURATION_S)
     run, summary, output = result.run, result.summary, result.run.log()
     assert not run.timed_out and run.wall_s < WALL_BOUND_S, f"{run.wall_s:.1f} s\n{output[-3000:]}"
     assert run.peak_rss_mb < RSS_BOUND_MB, f"peak RSS {run.peak_rss_mb:.0f} MB"

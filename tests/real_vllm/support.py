@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from batchscope.testkit.vllm import ENV_VAR, SERVED_NAME, Tier, VllmServer
+from batchscope.testkit.vllm import ENV_VAR, SERVED_NAME, TIER_FLAGS, Tier, VllmServer
 
-__all__ = ["SERVED_NAME", "VllmServer", "tier"]
+__all__ = ["SERVED_NAME", "TIER_FLAGS", "VllmServer", "tier"]
 
 
 def tier() -> Tier:

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port
-from tests.real_vllm.support import SERVED_NAME, tier
+from tests.real_vllm.support import SERVED_NAME, TIER_FLAGS, tier
 from tests.stubs import HttpStub, json_reply
 from tests.tuner.support import run_files, write_plan
 
@@ -29,7 +29,7 @@ TUNE_TIMEOUT_S = 900
 def real_plan(**overrides) -> dict:
     real = tier()
     command = shlex.join([str(real.vllm), "serve"]) + " {model} " + shlex.join(
-        ["--served-model-name", SERVED_NAME, "--disable-uvicorn-access-log"]) + " --host {host} --port {port} {flags}"
+        ["--served-model-name", SERVED_NAME, *TIER_FLAGS]) + " --host {host} --port {port} {flags}"
     plan = {
         "name": "real",
         "workload": {"input_tokens": 200, "output_tokens": 100, "timeout_s": 60, "seed": 3,

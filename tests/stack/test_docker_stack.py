@@ -56,7 +56,7 @@ TIGHT_UTILIZATION = "0.235"
 VOCAB_SIZE = 128256  # the default model's (simulator/profiles/h100-llama-3.1-8b.yaml): the pre-flight's probes
 UP_S = 300  # cold: the project's image is built first (separately); a warm `up --wait` took 38 s here
 ALERT_S = 240  # preemptions from the first requests; 1 m rate, for: 30s, 5 s evaluation, group_wait 10s
-RUN_END_S = 300  # the spec's 100 s (the gpu project's 20 s and vLLM's start) from the run's start, and the summary
+RUN_END_S = 300  # the spec's 85 s (the gpu project's 20 s and vLLM's start) from the run's start, and the summary
 SCRAPE_S = 60  # a few of Prometheus' 5 s scrapes and the exporter's answer
 # the gpu profile's second project: the stand-in's baked-in model (scripts/build_tiny_model.py's vocabulary)
 REAL_VLLM_ENV = "BATCHSCOPE_REAL_VLLM"
