@@ -20,7 +20,7 @@ endif
 # The Docker stack tier (tests/stack/test_docker_stack.py): `docker compose up` of compose.yaml on a private
 # dockerd. scripts/docker-setup installs the engine and Compose and builds the stand-in images, cached outside the
 # checkout (cold ~4 min with the vllm/vllm-openai stand-in built from the real-vLLM tier, warm ~1 s), as a step of
-# its own like the real-vLLM tier's; ~4.5 min warm. `make test SKIP_DOCKER=1` leaves it out (and builds nothing
+# its own like the real-vLLM tier's; ~3 min warm. `make test SKIP_DOCKER=1` leaves it out (and builds nothing
 # for it); without the real-vLLM tier (SKIP_REAL_VLLM=1) its gpu-profile test is skipped.
 DOCKER_DIR := $(VENV)/docker-dir
 ifdef SKIP_DOCKER
