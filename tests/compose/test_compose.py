@@ -204,7 +204,10 @@ def test_dockerfile_base_is_pinned_runs_non_root_and_bakes_no_secrets():
     users = re.findall(r"^USER\s+(\S+)", dockerfile, re.MULTILINE)
     assert users and users[-1] not in {"root", "0"}
     assert not re.search(r"^(ENV|ARG)\s+.*(TOKEN|PASSWORD|SECRET|API_KEY)", dockerfile, re.MULTILINE)
-    assert re.search(r"pip install \.(\s|$)", dockerfile), "install the project without extras (no [test])"
+    # the project without extras (no [test]): its runtime dependencies in a layer of their own, read from
+    # pyproject's [project] dependencies, then the project itself
+    assert re.search(r"pip install --no-deps \.(\s|$)", dockerfile), "install the project without extras"
+    assert "['project']['dependencies']" in dockerfile and "optional-dependencies" not in dockerfile
 
 
 def test_dockerignore_keeps_env_files_and_the_venv_out_of_the_build_context():
