@@ -261,10 +261,7 @@ def test_the_exporters_client_and_server_figures_agree_with_the_load_generators_
     wait_until(lambda: stack.get("LOCUST_WEB_HOST_PORT", "/llm/state").json()["state"] == "stopped",
                timeout_s=RUN_END_S, interval_s=2, message="the end of the spec's run (the LLM tab's state)")
     metrics = stack.exporter()  # the run is over: its figures are final
-    # as docs/compose.md says: the master writes summary.json when its container stops
-    stack.compose("stop", "locust-master", timeout_s=60)
-    stack.compose("cp", "locust-master:/out/latest/summary.json", str(tmp_path / "summary.json"))
-    result = json.loads((tmp_path / "summary.json").read_text())
+    result = final_summary(stack, tmp_path)
     assert result["balanced"] and result["started"] > 0 and result["outcomes"]["ok"] > 0, result
     run = (("run_id", result["run_id"]), ("scenario", result["spec"]["scenario"]))
 
@@ -274,12 +271,29 @@ def test_the_exporters_client_and_server_figures_agree_with_the_load_generators_
     assert client("batchscope_client_requests_started_total") == result["started"]
     for outcome, count in result["outcomes"].items():
         assert client("batchscope_client_requests_total", ("outcome", outcome)) == count, outcome
-    served = sum(value for (name, _), value in metrics.items() if name == "vllm:request_success_total")
-    probes = probes_answered(WorkloadSpec.model_validate(result["spec"]), VOCAB_SIZE)
-    failed = result["started"] - result["outcomes"]["ok"]  # a request the client gave up on may still finish
+    assert_vllm_served_the_run(metrics, result, VOCAB_SIZE)
+    assert total(metrics, "vllm:num_preemptions_total") > 0
+
+
+def total(metrics: dict[tuple[str, tuple], float], name: str) -> float:
+    """A family's samples summed over their labels (the exporter's /metrics as Stack.exporter reads it)."""
+    return sum(value for (sample, _), value in metrics.items() if sample == name)
+
+
+def final_summary(project: Stack, tmp_path: Path) -> dict:
+    """The run's summary.json: as docs/compose.md says, the master writes it when its container stops."""
+    project.compose("stop", "locust-master", timeout_s=60)
+    project.compose("cp", "locust-master:/out/latest/summary.json", str(tmp_path / "summary.json"))
+    return json.loads((tmp_path / "summary.json").read_text())
+
+
+def assert_vllm_served_the_run(metrics: dict[tuple[str, tuple], float], result: dict, vocab_size: int) -> None:
+    """vLLM's successes: the client's ok requests and the pre-flight's answered probes, and at most the requests the
+    client gave up on besides (one may still finish in vLLM)."""
+    served = total(metrics, "vllm:request_success_total")
+    probes = probes_answered(WorkloadSpec.model_validate(result["spec"]), vocab_size)
+    failed = result["started"] - result["outcomes"]["ok"]
     assert result["outcomes"]["ok"] + probes <= served <= result["outcomes"]["ok"] + probes + failed
-    preempted = sum(value for (name, _), value in metrics.items() if name == "vllm:num_preemptions_total")
-    assert preempted > 0
 
 
 def test_a_knob_changed_the_documented_way_is_read_counted_once_annotated_and_in_prometheus(stack: Stack):
@@ -341,14 +355,9 @@ def test_the_gpu_profile_measures_a_real_vllm_and_a_second_project_does_not_conf
     for series in REAL_VLLM_SERIES:
         wait_until(lambda series=series: gpu.query(series), timeout_s=SCRAPE_S, interval_s=1,
                    message=f"{series} in the gpu project's Prometheus")
-    gpu.compose("stop", "locust-master", timeout_s=60)
-    gpu.compose("cp", "locust-master:/out/latest/summary.json", str(tmp_path / "summary.json"))
-    result = json.loads((tmp_path / "summary.json").read_text())
+    result = final_summary(gpu, tmp_path)
     assert result["balanced"] and result["outcomes"]["ok"] > 0, result
-    served_total = sum(v for (name, _), v in metrics.items() if name == "vllm:request_success_total")
-    probes = probes_answered(WorkloadSpec.model_validate(result["spec"]), TINY_VOCAB_SIZE)
-    failed = result["started"] - result["outcomes"]["ok"]
-    assert result["outcomes"]["ok"] + probes <= served_total <= result["outcomes"]["ok"] + probes + failed
+    assert_vllm_served_the_run(metrics, result, TINY_VOCAB_SIZE)
     assert config_labels(stack) == ours
 
 
