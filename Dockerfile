@@ -1,8 +1,8 @@
 # The project's own image, one for every batchscope process in compose.yaml: the simulator
 # (`batchscope sim serve`), the exporter (`batchscope exporter`) and Locust's master and workers
-# (`locust -f loadgen/adapter/locustfile.py`), and `batchscope tune` / `report`. compose.yaml gives each service
-# its whole command. No `# syntax=` line: it would make BuildKit pull a frontend image from Docker Hub at every build
-# (offline, the build fails), and nothing here needs a feature beyond the builder's own.
+# (`locust -f batchscope/loadgen/adapter/locustfile.py`), and `batchscope tune` / `report`. compose.yaml gives each
+# service its whole command. No `# syntax=` line: it would make BuildKit pull a frontend image from Docker Hub at every
+# build (offline, the build fails), and nothing here needs a feature beyond the builder's own.
 #
 # Pinned to a patch release and a Debian release, so a rebuild next month runs the same Python; bump it on purpose.
 FROM python:3.11.14-slim-bookworm
@@ -28,13 +28,9 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 COPY batchscope ./batchscope
-COPY simulator ./simulator
-COPY loadgen ./loadgen
-COPY exporter ./exporter
-COPY tuner ./tuner
 COPY examples ./examples
-# The sources stay in /app because Locust takes the locustfile by path: `locust -f loadgen/adapter/locustfile.py`,
-# as in the README.
+# The sources stay in /app because Locust takes the locustfile by path:
+# `locust -f batchscope/loadgen/adapter/locustfile.py`, as in the README.
 RUN pip install --no-deps . && rm -rf build ./*.egg-info
 
 USER batchscope

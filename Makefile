@@ -80,10 +80,10 @@ check: $(BIN)/.installed
 	$(BIN)/python -m pytest -m "not e2e and not slow" -q
 
 # What the fast tier covers of the code it must cover: the exporter, the load generator's summary and HTTP client.
-COVERED := exporter/*,loadgen/summary.py,loadgen/http.py,loadgen/framing.py
+COVERED := batchscope/exporter/*,batchscope/loadgen/summary.py,batchscope/loadgen/http.py,batchscope/loadgen/framing.py
 coverage: $(BIN)/.installed
 	COVERAGE_FILE=$(VENV)/.coverage $(BIN)/python -m pytest -m "not e2e and not slow" -q \
-		--cov=exporter --cov=loadgen --cov-report=
+		--cov=batchscope.exporter --cov=batchscope.loadgen --cov-report=
 	COVERAGE_FILE=$(VENV)/.coverage $(BIN)/coverage report --include='$(COVERED)' --show-missing
 
 lint: $(BIN)/.installed

@@ -4,9 +4,9 @@
 buffer the whole body: an endless or dripping answer holds the reader for ever and takes its memory. Here a
 ``stream=True`` reply's body is read one socket read at a time, the deadline checked and the size counted after
 each. ``request`` is one exchange so bounded, whatever its method and status; ``fetch`` is a GET whose error
-status is raised. The exporter's scrapes (exporter/fetch.py), the tuner's /metrics samples, Prometheus queries and
-Grafana annotations, the calibration's probes and the load generator's pre-flight (loadgen/target.py, which
-answers redirects and error statuses itself) read their peers through it.
+status is raised. The exporter's scrapes (batchscope/exporter/fetch.py), the tuner's /metrics samples, Prometheus
+queries and Grafana annotations, the calibration's probes and the load generator's pre-flight
+(batchscope/loadgen/target.py, which answers redirects and error statuses itself) read their peers through it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import requests
 import urllib3.exceptions
 
-# vLLM's /metrics: ~54 KB per engine in 0.32, 64 data-parallel engines ~2.2 MB (exporter/fetch.py): 7x that
+# vLLM's /metrics: ~54 KB per engine in 0.32, 64 data-parallel engines ~2.2 MB (batchscope/exporter/fetch.py): 7x that
 METRICS_MAX_BYTES = 16 << 20
 JSON_MAX_BYTES = 1 << 20  # vLLM's /v1/models, /version, /tokenize and a one-token completion: a few KB at most
 ERROR_MAX_BYTES = 64 << 10  # what is read of an error status's body
@@ -70,7 +70,8 @@ def read_body(reply: requests.Response, deadline: float, max_bytes: int) -> byte
     declared = reply.headers.get("Content-Length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise BodyTooLarge(max_bytes, int(declared))
-    body = bytearray()  # one buffer: over 128 KiB a mapping of its own, returned when freed (exporter/fetch.py)
+    # one buffer: over 128 KiB a mapping of its own, returned when freed (batchscope/exporter/fetch.py)
+    body = bytearray()
     # read1: one socket read per piece, so a drip cannot hold a read past the deadline as read(n) would
     while piece := reply.raw.read1(PIECE_BYTES, decode_content=True):
         body += piece

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 # module is imported: each pulls in its own stack (aiohttp, Locust, matplotlib...), and a command starts in the
 # time its own imports take. tests/batchscope/test_cli.py checks these lines against the modules' own.
 COMMANDS = {
-    "sim": ("simulator.cli", "the vLLM-compatible simulator"),
-    "load": ("loadgen.cli", "send the fixed streaming load of a workload spec (Locust, headless)"),
-    "exporter": ("exporter.cli", "serve vLLM + client metrics + serving config as one target"),
-    "tune": ("tuner.cli", "run a tuning plan: one serving parameter changed at a time"),
-    "report": ("tuner.cli", "write the comparison report of a plan's results (with its MLPerf scenarios' "
+    "sim": ("batchscope.simulator.cli", "the vLLM-compatible simulator"),
+    "load": ("batchscope.loadgen.cli", "send the fixed streaming load of a workload spec (Locust, headless)"),
+    "exporter": ("batchscope.exporter.cli", "serve vLLM + client metrics + serving config as one target"),
+    "tune": ("batchscope.tuner.cli", "run a tuning plan: one serving parameter changed at a time"),
+    "report": ("batchscope.tuner.cli", "write the comparison report of a plan's results (with its MLPerf scenarios' "
                           "results), or of a scenario's alone"),
 }
 

@@ -36,10 +36,10 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
+from batchscope.simulator.config import Deployment, ServeConfig
+from batchscope.simulator.virtual import ClosedLoop, RequestSpec, run_timed, run_virtual
 from batchscope.testkit.report import add_json_option, argument_parser, table, write_json
 from batchscope.testkit.simulator import start_simulator
-from simulator.config import Deployment, ServeConfig
-from simulator.virtual import ClosedLoop, RequestSpec, run_timed, run_virtual
 
 ISSUE_11 = "issue 11: vLLM v0.15, H100, Llama-3.1-8B, Poisson 8 req/s, 547+248 tokens"
 BLOG = "calibration 2: vLLM blog v0.19.1, H100, concurrency 1"

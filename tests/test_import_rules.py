@@ -1,13 +1,16 @@
-"""The import rules between the project's folders, read from every module's imports with ast.
+"""The import rules between the project's rooms, read from every module's imports with ast.
 
-Data flows simulator → load generator → exporter → Prometheus → Grafana, and the tuner drives them, so:
-- the simulator, the load generator and the exporter import none of the other components (only batchscope);
+Everything installed lives under one name, batchscope: the four components (batchscope.simulator, .loadgen,
+.exporter, .tuner), the shared modules beside them (batchscope.*), and the test support (batchscope.testkit),
+which the wheel leaves out. Data flows simulator → load generator → exporter → Prometheus → Grafana, and the tuner
+drives them, so:
+- the simulator, the load generator and the exporter import none of the other components (only shared modules);
 - the tuner may import them all (it starts servers and loads, re-reads their files and runs the engine);
 - batchscope's shared modules import no component: batchscope/cli.py names the commands' modules as strings and
   imports only the chosen one (checked here against the components' cli modules);
 - batchscope.testkit, the support library of tests and benches, is imported only by tests/, bench/ and itself;
-- in the load generator only its Locust adapter (loadgen/adapter/) imports Locust (or Flask, its web UI's): the
-  core (one request's stream, one run's sender, the controller and the figures) runs without it.
+- in the load generator only its Locust adapter (batchscope/loadgen/adapter/) imports Locust (or Flask, its web
+  UI's): the core (one request's stream, one run's sender, the controller and the figures) runs without it.
 A function-level import counts the same as a top-level one.
 """
 
@@ -23,20 +26,34 @@ from batchscope.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPONENTS = ("simulator", "loadgen", "exporter", "tuner")
-# folder -> the project folders its modules may import (beyond their own)
+# room -> the project rooms its modules may import (beyond their own); "shared" is batchscope's own modules
 ALLOWED = {
-    "simulator": {"batchscope"},
-    "loadgen": {"batchscope"},
-    "exporter": {"batchscope"},
-    "tuner": {"batchscope", "simulator", "loadgen", "exporter"},
-    "batchscope": set(),
-    "grafana": set(),
-    "bench": {"batchscope", *COMPONENTS},
+    "simulator": {"shared"},
+    "loadgen": {"shared"},
+    "exporter": {"shared"},
+    "tuner": {"shared", "simulator", "loadgen", "exporter"},
+    "shared": set(),
+    "grafana": {"shared"},
+    "bench": {"shared", "testkit", *COMPONENTS},
 }
-PROJECT = {*ALLOWED, "tests"}
-TESTKIT = "batchscope.testkit"
+FOLDERS = {**{component: Path("batchscope", component) for component in COMPONENTS},
+           "testkit": Path("batchscope/testkit"), "grafana": Path("grafana"), "bench": Path("bench"),
+           "tests": Path("tests")}
 LOCUST = ("locust", "flask")  # Flask: Locust's web UI, which the adapter extends
-ADAPTER = ROOT / "loadgen" / "adapter"
+ADAPTER = ROOT / "batchscope" / "loadgen" / "adapter"
+
+
+def room_of_module(name: str) -> str | None:
+    """The project room a module name belongs to; None for the standard library and third parties."""
+    parts = name.split(".")
+    if parts[0] == "batchscope":
+        return parts[1] if len(parts) > 1 and parts[1] in (*COMPONENTS, "testkit") else "shared"
+    return parts[0] if parts[0] in FOLDERS else None
+
+
+def room_of_file(path: Path, root: Path = ROOT) -> str:
+    relative = path.relative_to(root)
+    return next((room for room, folder in FOLDERS.items() if relative.is_relative_to(folder)), "shared")
 
 
 @functools.cache
@@ -52,44 +69,44 @@ def imported_modules(path: Path) -> frozenset[str]:
     return frozenset(names)
 
 
-def sources(folder: str) -> list[Path]:
-    return sorted((ROOT / folder).rglob("*.py"))
+def sources(room: str, root: Path = ROOT) -> list[Path]:
+    if room == "shared":
+        return sorted(path for path in (root / "batchscope").rglob("*.py") if room_of_file(path, root) == "shared")
+    return sorted((root / FOLDERS[room]).rglob("*.py"))
 
 
-def crossings(folder: str) -> dict[str, set[str]]:
-    """file -> the modules of other project folders it imports."""
+def refused_imports(room: str, root: Path = ROOT) -> dict[str, list[str]]:
+    """file -> the project modules it imports from rooms it may not."""
     found = {}
-    for path in sources(folder):
-        others = {name for name in imported_modules(path) if name.split(".")[0] in PROJECT - {folder}}
-        if others:
-            found[str(path.relative_to(ROOT))] = others
+    for path in sources(room, root):
+        refused = sorted(name for name in imported_modules(path)
+                         if room_of_module(name) not in {None, room, *ALLOWED[room]})
+        if refused:
+            found[str(path.relative_to(root))] = refused
     return found
 
 
-@pytest.mark.parametrize("folder", [folder for folder in ALLOWED if folder != "batchscope"])
-def test_each_folder_imports_only_the_folders_it_may(folder):
-    refused = {path: sorted(name for name in names if name.split(".")[0] not in ALLOWED[folder])
-               for path, names in crossings(folder).items()}
-    assert not {path: names for path, names in refused.items() if names}, f"{folder} may import {ALLOWED[folder]}"
-
-
-def test_batchscopes_shared_modules_import_no_component():
-    shared = [path for path in sources("batchscope") if "testkit" not in path.parts]
-    refused = {str(path.relative_to(ROOT)): sorted(name for name in imported_modules(path)
-                                                   if name.split(".")[0] in PROJECT - {"batchscope"})
-               for path in shared}
-    assert not {path: names for path, names in refused.items() if names}
+@pytest.mark.parametrize("room", list(ALLOWED))
+def test_each_room_imports_only_the_rooms_it_may(room):
+    assert refused_imports(room) == {}, f"{room} may import {sorted(ALLOWED[room])}"
 
 
 def test_the_console_script_dispatches_to_the_components_cli_modules():
-    assert {module for module, _ in COMMANDS.values()} == {f"{component}.cli" for component in COMPONENTS}
+    assert {module for module, _ in COMMANDS.values()} == {f"batchscope.{component}.cli" for component in COMPONENTS}
 
 
 def test_only_tests_and_benches_import_the_testkit():
-    users = [str(path.relative_to(ROOT)) for folder in ALLOWED if folder != "bench" for path in sources(folder)
-             if "testkit" not in path.parts
-             and any(name == TESTKIT or name.startswith(TESTKIT + ".") for name in imported_modules(path))]
-    assert users == []
+    users = {str(path.relative_to(ROOT)) for path in (ROOT / "batchscope").rglob("*.py")
+             if room_of_file(path) != "testkit"
+             and any(room_of_module(name) == "testkit" for name in imported_modules(path))}
+    assert users == set()
+
+
+def test_nothing_imports_a_component_by_its_old_top_level_name():
+    old = {str(path.relative_to(ROOT)): sorted(name for name in imported_modules(path)
+                                               if name.split(".")[0] in COMPONENTS)
+           for room in (*ALLOWED, "testkit", "tests") for path in sources(room)}
+    assert {path: names for path, names in old.items() if names} == {}
 
 
 def imports_locust(path: Path) -> bool:
@@ -99,11 +116,24 @@ def imports_locust(path: Path) -> bool:
 def test_only_the_load_generators_adapter_imports_locust():
     core = [path for path in sources("loadgen") if not path.is_relative_to(ADAPTER)]
     assert [str(path.relative_to(ROOT)) for path in core if imports_locust(path)] == []
-    assert any(imports_locust(path) for path in sources("loadgen/adapter"))  # the rule looks where Locust is
+    assert any(imports_locust(path) for path in ADAPTER.rglob("*.py"))  # the rule looks where Locust is
 
 
 def test_the_rules_see_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from loadgen import spec\n    import tuner.plan\n"
+    module.write_text("def f():\n    from batchscope.loadgen import spec\n    import batchscope.tuner.plan\n"
                       "if TYPE_CHECKING:\n    from locust.web import WebUI\n")
-    assert {"loadgen", "loadgen.spec", "tuner.plan"} <= imported_modules(module) and imports_locust(module)
+    names = imported_modules(module)
+    assert {"batchscope.loadgen", "batchscope.loadgen.spec", "batchscope.tuner.plan"} <= names
+    assert imports_locust(module)
+    assert {name: room_of_module(name) for name in names if name.startswith("batchscope")} == {
+        "batchscope.loadgen": "loadgen", "batchscope.loadgen.spec": "loadgen", "batchscope.tuner.plan": "tuner"}
+
+
+def test_a_component_importing_another_is_refused(tmp_path):
+    """The rule can fail: an exporter module that reaches into the simulator is named, its shared imports are not."""
+    (tmp_path / "batchscope" / "exporter").mkdir(parents=True)
+    (tmp_path / "batchscope" / "exporter" / "x.py").write_text(
+        "from batchscope.simulator.engine import Engine\nfrom batchscope import vllm_knobs\nimport yaml\n")
+    assert refused_imports("exporter", tmp_path) == {
+        "batchscope/exporter/x.py": ["batchscope.simulator.engine", "batchscope.simulator.engine.Engine"]}

@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+from batchscope.loadgen.spec import WorkloadSpec
+from batchscope.loadgen.target import build_target
 from batchscope.testkit.processes import Child, SetupError
 from capacity.server import Server
 from capacity.settings import CLIENT_CORE, RAMP_TIMEOUT_S, REPO, STOP_TIMEOUT_S, progress
 from capacity.windows import Load, Window, snapshot, window_of
-from loadgen.spec import WorkloadSpec
-from loadgen.target import build_target
 
 
 def request_body(server: Server, input_tokens: int, output_tokens: int) -> bytes:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import requests
 
+from batchscope.loadgen.sketch import ALPHA
 from batchscope.testkit.processes import SetupError
 from batchscope.testkit.procfs import status_mb
 from batchscope.testkit.report import table, targets_table
@@ -20,7 +21,6 @@ from capacity.loadgen_runs import LoadGenerator, loadgen_spec
 from capacity.server import Server
 from capacity.settings import HTTP_TIMEOUT_S, LOCUST_FINAL_S, STOP_TIMEOUT_S, progress
 from capacity.windows import Load
-from loadgen.sketch import ALPHA
 
 SAMPLE_S = 10.0
 SETTLE_S = 60.0  # RSS growth is judged after the first minute (allocator arenas, caches, Locust's own tables)

@@ -22,6 +22,8 @@ from prometheus_client import (
 )
 
 from batchscope import vllm_catalogue as vllm
+from batchscope.loadgen.metrics import ClientMetricsCollector, ClientStats
+from batchscope.loadgen.request import RequestRecord
 from batchscope.vllm_buckets import (
     ITERATION_TOKEN_BUCKETS,
     ITL_BUCKETS,
@@ -29,8 +31,6 @@ from batchscope.vllm_buckets import (
     TTFT_BUCKETS,
     build_1_2_5_buckets,
 )
-from loadgen.metrics import ClientMetricsCollector, ClientStats
-from loadgen.request import RequestRecord
 from scrape.settings import MAX_ENGINES, MAX_MODEL_LEN, MODEL, VLLM_VERSION
 
 # vLLM V1's families per engine (the catalogue's), with the bucket boundaries vLLM gives each histogram

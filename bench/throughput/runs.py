@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 
-from simulator.config import Deployment, ServeConfig
-from simulator.cost import StepCostModel
-from simulator.profile import load_profile
-from simulator.virtual import poisson_workload, run_virtual
+from batchscope.simulator.config import Deployment, ServeConfig
+from batchscope.simulator.cost import StepCostModel
+from batchscope.simulator.profile import load_profile
+from batchscope.simulator.virtual import poisson_workload, run_virtual
 from throughput.measure import run
 from throughput.results import RunResult, RunSpec, VirtualResult
 from throughput.settings import (

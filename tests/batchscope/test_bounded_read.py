@@ -10,8 +10,8 @@ import pytest
 import requests
 
 from batchscope.bounded_read import ERROR_MAX_BYTES, JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch, request
+from batchscope.loadgen.target import exchange
 from batchscope.testkit.hostile import HostileServer
-from loadgen.target import exchange
 from tests.stubs import HttpStub, Reply
 
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from batchscope import poisson
-from loadgen.run import arrival_times
-from loadgen.spec import load_spec
-from simulator.config import Deployment, ServeConfig
-from simulator.virtual import poisson_workload
-from tuner.whatif import simulate
+from batchscope.loadgen.run import arrival_times
+from batchscope.loadgen.spec import load_spec
+from batchscope.simulator.config import Deployment, ServeConfig
+from batchscope.simulator.virtual import poisson_workload
+from batchscope.tuner.whatif import simulate
 
 
 def test_the_nth_arrival_does_not_depend_on_how_many_are_read() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.responses import VLLM_VERSION
+from batchscope.simulator.responses import VLLM_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"
@@ -362,7 +362,7 @@ class _Client:
 def test_the_exporter_reads_the_knobs_compose_sets_from_the_served_container(target):
     """At the docker SDK boundary: the container compose creates (Entrypoint + Cmd as compose.yaml writes them),
     found by the service label the exporter is given, yields the knobs; a changed knob is one diff line."""
-    from exporter.docker_source import DockerSource
+    from batchscope.exporter.docker_source import DockerSource
 
     def container(env):
         svc = services({"TARGET": target, **env})

@@ -12,9 +12,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from batchscope.exporter.changes import ChangeTracker
+from batchscope.exporter.collector import BatchscopeCollector, ExporterSources
 from batchscope.testkit.hostile import HostileServer
-from exporter.changes import ChangeTracker
-from exporter.collector import BatchscopeCollector, ExporterSources
 from tests.stubs import HttpStub, Reply
 
 TIMEOUT_S = 0.5

@@ -6,9 +6,9 @@ from __future__ import annotations
 import base64
 import logging
 
+from batchscope.exporter.changes import ChangeTracker
+from batchscope.exporter.config import ServingConfig
 from batchscope.grafana_annotations import GrafanaAnnotator
-from exporter.changes import ChangeTracker
-from exporter.config import ServingConfig
 from tests.conftest import wait_until
 from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply, json_reply

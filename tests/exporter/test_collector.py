@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchscope.exporter.changes import ChangeTracker
+from batchscope.exporter.collector import BatchscopeCollector, ExporterSources, kv_capacity
+from batchscope.exporter.config import ServingConfig
+from batchscope.exporter.docker_source import ContainerView, DockerSource
 from batchscope.live_run import MAX_BYTES
-from exporter.changes import ChangeTracker
-from exporter.collector import BatchscopeCollector, ExporterSources, kv_capacity
-from exporter.config import ServingConfig
-from exporter.docker_source import ContainerView, DockerSource
 from tests.conftest import free_port
 from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply, json_reply

@@ -29,7 +29,8 @@ def finished_run(sim_url: str, spec: dict, tmp_path: Path, *flags: str) -> Itera
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     metrics_port, web_port = free_port(), free_port()
-    locust = subprocess.Popen([sys.executable, "-m", "locust", "-f", "loadgen/adapter/locustfile.py", "--host", sim_url,
+    locust = subprocess.Popen([sys.executable, "-m", "locust", "-f", "batchscope/loadgen/adapter/locustfile.py",
+                               "--host", sim_url,
                                "--spec", str(spec_path), "--metrics-port", str(metrics_port), "--autostart",
                                "--web-host", "127.0.0.1", "--web-port", str(web_port), *flags],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

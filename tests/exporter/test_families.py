@@ -15,8 +15,8 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
+from batchscope.exporter import families
 from batchscope.vllm_catalogue import CATALOGUE, EXPOSITION_CONTENT_TYPE
-from exporter import families
 from tests.conftest import only, samples
 from tests.stubs import HttpStub, Reply
 

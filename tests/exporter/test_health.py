@@ -8,9 +8,9 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporter.changes import ChangeTracker
-from exporter.collector import BatchscopeCollector, ExporterSources
-from exporter.health import DownCause, DownReporter, shown_url
+from batchscope.exporter.changes import ChangeTracker
+from batchscope.exporter.collector import BatchscopeCollector, ExporterSources
+from batchscope.exporter.health import DownCause, DownReporter, shown_url
 from tests.conftest import free_port, wait_until
 from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply

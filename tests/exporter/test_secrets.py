@@ -9,10 +9,10 @@ import docker
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.changes import ChangeTracker
-from exporter.collector import BatchscopeCollector, ExporterSources
-from exporter.config import ServingConfig, parse_command
-from exporter.docker_source import DockerSource
+from batchscope.exporter.changes import ChangeTracker
+from batchscope.exporter.collector import BatchscopeCollector, ExporterSources
+from batchscope.exporter.config import ServingConfig, parse_command
+from batchscope.exporter.docker_source import DockerSource
 from tests.stubs import HttpStub, Reply, json_reply
 
 KEY, HF, OTHER = "sk-key-1111", "hf_token_2222", "pw-3333"

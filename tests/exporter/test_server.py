@@ -11,8 +11,8 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, Gauge
 
+from batchscope.exporter.server import make_server, serve_in_thread
 from batchscope.exposition import CONTENT_TYPE
-from exporter.server import make_server, serve_in_thread
 from tests.conftest import wait_until
 
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
@@ -73,7 +73,7 @@ def test_a_scraper_hanging_up_mid_response_is_a_quiet_debug_line(capfd, caplog):
         stderr: list[str] = []
 
         def ours() -> bool:  # a traceback through this server (a stub of an earlier test may still print its own)
-            return "exporter/server.py" in "".join(stderr)
+            return "batchscope/exporter/server.py" in "".join(stderr)
 
         def settled() -> bool:
             stderr.append(capfd.readouterr().err)

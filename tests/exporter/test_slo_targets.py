@@ -11,13 +11,13 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from batchscope.exporter.changes import ChangeTracker
+from batchscope.exporter.collector import BatchscopeCollector, ExporterSources
+from batchscope.exporter.slo import SloFlags, bucket_bound
+from batchscope.loadgen.control import RunControl
+from batchscope.loadgen.metrics import ClientMetricsCollector
+from batchscope.loadgen.spec import load_spec
 from batchscope.vllm_buckets import ITL_BUCKETS, TTFT_BUCKETS
-from exporter.changes import ChangeTracker
-from exporter.collector import BatchscopeCollector, ExporterSources
-from exporter.slo import SloFlags, bucket_bound
-from loadgen.control import RunControl
-from loadgen.metrics import ClientMetricsCollector
-from loadgen.spec import load_spec
 from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
+from batchscope.loadgen.control import FAIL_FAST_REQUESTS
 from batchscope.testkit.bounded import BoundedLoad, bounded_load
 from batchscope.testkit.hostile import HostileServer
-from loadgen.control import FAIL_FAST_REQUESTS
 
 pytestmark = pytest.mark.e2e
 

@@ -10,9 +10,9 @@ import pytest
 
 from batchscope.grafana_annotations import GrafanaAnnotator
 from batchscope.testkit.hostile import HostileServer
+from batchscope.tuner.metrics_sampler import fetch_metrics
 from tests.conftest import wait_until
 from tests.stubs import HttpStub, Reply, json_reply
-from tuner.metrics_sampler import fetch_metrics
 
 
 @pytest.mark.parametrize("mode", ["metrics-endless", "metrics-hang", "metrics-huge"])

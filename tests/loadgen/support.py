@@ -7,12 +7,12 @@ import time
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.http import ConnectionPool, Follow
-from loadgen.metrics import ClientStats
-from loadgen.request import RequestRecord, measure
-from loadgen.spec import load_spec
-from loadgen.target import Target, build_target
-from loadgen.window import in_window
+from batchscope.loadgen.http import ConnectionPool, Follow
+from batchscope.loadgen.metrics import ClientStats
+from batchscope.loadgen.request import RequestRecord, measure
+from batchscope.loadgen.spec import load_spec
+from batchscope.loadgen.target import Target, build_target
+from batchscope.loadgen.window import in_window
 
 
 def merged_samples(result) -> dict[tuple, float]:

@@ -1,6 +1,6 @@
-"""Rules of the Locust adapter (loadgen/adapter/) read from its source with ast: Locust's options are read, never
-written (what a sender needs from the controller travels as its plan, loadgen/adapter/messages.py, not as
-options written on the master for Locust to copy into every spawn message), and Locust is used through its public
+"""Rules of the Locust adapter (batchscope/loadgen/adapter/) read from its source with ast: Locust's options are read,
+never written (what a sender needs from the controller travels as its plan, batchscope/loadgen/adapter/messages.py, not
+as options written on the master for Locust to copy into every spawn message), and Locust is used through its public
 API only (no ``_private`` member of an object not our own)."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# the one write: Locust's own CSV writer is switched off so that ours takes its files (loadgen/adapter/stats.py)
-ALLOWED_WRITES = {("loadgen/adapter/stats.py", "csv_prefix")}
+# the one write: Locust's own CSV writer is switched off so that ours takes its files
+# (batchscope/loadgen/adapter/stats.py)
+ALLOWED_WRITES = {("batchscope/loadgen/adapter/stats.py", "csv_prefix")}
 
 
 def option_writes(path: Path, root: Path = ROOT) -> set[tuple[str, str]]:
@@ -34,7 +35,7 @@ def option_writes(path: Path, root: Path = ROOT) -> set[tuple[str, str]]:
 
 
 def test_the_adapter_writes_no_option_but_the_csv_hand_over():
-    writes = set().union(*(option_writes(path) for path in sorted((ROOT / "loadgen").rglob("*.py"))))
+    writes = set().union(*(option_writes(path) for path in sorted((ROOT / "batchscope" / "loadgen").rglob("*.py"))))
     assert writes == ALLOWED_WRITES
 
 
@@ -47,7 +48,8 @@ def private_uses(path: Path, root: Path = ROOT) -> set[tuple[str, str]]:
 
 
 def test_the_adapter_uses_no_private_member_of_locusts_objects():
-    assert set().union(*(private_uses(path) for path in sorted((ROOT / "loadgen" / "adapter").rglob("*.py")))) == set()
+    adapter = sorted((ROOT / "batchscope" / "loadgen" / "adapter").rglob("*.py"))
+    assert set().union(*(private_uses(path) for path in adapter)) == set()
 
 
 def test_the_rules_see_a_private_use(tmp_path):

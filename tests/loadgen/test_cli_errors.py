@@ -1,5 +1,5 @@
-"""Bad input to `batchscope load` (and to `locust -f loadgen/adapter/locustfile.py`): one short line naming the field,
-exit status 2, no traceback. Nothing here needs a server: every case is refused before a request is sent."""
+"""Bad input to `batchscope load` (and to `locust -f batchscope/loadgen/adapter/locustfile.py`): one short line naming
+the field, exit status 2, no traceback. Nothing here needs a server: every case is refused before a request is sent."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.cli import LOCUSTFILE
+from batchscope.loadgen.cli import LOCUSTFILE
 from tests.conftest import free_port
 
 GOOD_SPEC = "input_tokens: 16\noutput_tokens: 8\nload: {mode: concurrency, concurrency: 2}\n"

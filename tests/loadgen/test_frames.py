@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from loadgen.framing import Endpoint, encode_request
-from loadgen.http import Connection, StreamBroken
-from loadgen.request import RequestRecord, TokenStream, measure
-from loadgen.target import Target
+from batchscope.loadgen.framing import Endpoint, encode_request
+from batchscope.loadgen.http import Connection, StreamBroken
+from batchscope.loadgen.request import RequestRecord, TokenStream, measure
+from batchscope.loadgen.target import Target
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 

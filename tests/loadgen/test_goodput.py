@@ -10,11 +10,11 @@ import sys
 import pytest
 from prometheus_client import CollectorRegistry
 
-from loadgen.control import RunControl
-from loadgen.metrics import ClientMetricsCollector
-from loadgen.request import RequestRecord
-from loadgen.spec import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S, SpecError, load_spec
-from tuner.plan import Slos
+from batchscope.loadgen.control import RunControl
+from batchscope.loadgen.metrics import ClientMetricsCollector
+from batchscope.loadgen.request import RequestRecord
+from batchscope.loadgen.spec import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S, SpecError, load_spec
+from batchscope.tuner.plan import Slos
 
 SPEC = ["input_tokens=8", "output_tokens=4", "load.mode=concurrency", "load.concurrency=2", "warmup_s=10",
         "duration_s=100"]

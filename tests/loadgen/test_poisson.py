@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadgen.metrics import HISTOGRAMS
+from batchscope.loadgen.metrics import HISTOGRAMS
 from tests.conftest import run_load
 from tests.loadgen.support import merged_samples, per_worker_stats
 

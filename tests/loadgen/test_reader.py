@@ -10,9 +10,9 @@ import time
 import gevent
 import pytest
 
-from loadgen.framing import Endpoint, encode_request
-from loadgen.http import Connection, StreamBroken, Timeout
-from loadgen.reader import StreamReader
+from batchscope.loadgen.framing import Endpoint, encode_request
+from batchscope.loadgen.http import Connection, StreamBroken, Timeout
+from batchscope.loadgen.reader import StreamReader
 from tests.loadgen.test_frames import HEAD, chunked, exchange
 
 Piece = tuple[float, bytes]  # (pause before it, bytes)

@@ -10,11 +10,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.http import ConnectionPool
-from loadgen.reader import StreamReader
-from loadgen.request import rejected
-from loadgen.spec import SpecError
-from loadgen.target import VOCAB_PROBES, Target
+from batchscope.loadgen.http import ConnectionPool
+from batchscope.loadgen.reader import StreamReader
+from batchscope.loadgen.request import rejected
+from batchscope.loadgen.spec import SpecError
+from batchscope.loadgen.target import VOCAB_PROBES, Target
 from tests.conftest import free_port
 from tests.loadgen.support import send, target_for
 

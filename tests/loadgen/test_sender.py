@@ -1,4 +1,5 @@
-"""The sender (loadgen/run.py) without a server: arrival schedules, ramp-up, back-off, reports on the wire."""
+"""The sender (batchscope/loadgen/run.py) without a server: arrival schedules, ramp-up, back-off, reports on the
+wire."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ import itertools
 import numpy as np
 import pytest
 
-from loadgen import run
-from loadgen.figures import RunFigures
-from loadgen.report import SenderReport
-from loadgen.request import RequestRecord
-from loadgen.run import LoadRun, arrival_times
-from loadgen.spec import load_spec
-from loadgen.target import Target
-from loadgen.window import MeasurementWindow
+from batchscope.loadgen import run
+from batchscope.loadgen.figures import RunFigures
+from batchscope.loadgen.report import SenderReport
+from batchscope.loadgen.request import RequestRecord
+from batchscope.loadgen.run import LoadRun, arrival_times
+from batchscope.loadgen.spec import load_spec
+from batchscope.loadgen.target import Target
+from batchscope.loadgen.window import MeasurementWindow
 
 TARGET = Target(url="http://127.0.0.1:9/v1/completions", headers={}, body={}, chat=False, stream=True,
                 prompt_tokens=8, output_tokens=4, timeout_s=5.0)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from loadgen.spec import ConcurrencyLoad, PoissonLoad, SpecError, load_spec
+from batchscope.loadgen.spec import ConcurrencyLoad, PoissonLoad, SpecError, load_spec
 
 DOC_EXAMPLE = """
 model: auto

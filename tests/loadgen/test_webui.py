@@ -25,10 +25,10 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.control import RunControl
-from loadgen.llm_tab import MAX_POINTS, MIN_READ_INTERVAL_S, History, LlmTab, ServerMetrics, Window, rows
-from loadgen.request import RequestRecord
-from loadgen.spec import load_spec
+from batchscope.loadgen.control import RunControl
+from batchscope.loadgen.llm_tab import MAX_POINTS, MIN_READ_INTERVAL_S, History, LlmTab, ServerMetrics, Window, rows
+from batchscope.loadgen.request import RequestRecord
+from batchscope.loadgen.spec import load_spec
 from tests.conftest import free_port, wait_until
 from tests.stubs import HttpStub, Reply
 
@@ -297,7 +297,8 @@ def locust_ui(tmp_path: Path, host: str, spec_text: str, *flags: str):
     locust_log = tmp_path / "locust.log"
     with open(locust_log, "w") as log:
         locust = subprocess.Popen(
-            [sys.executable, "-m", "locust", "-f", "loadgen/adapter/locustfile.py", "--host", host, "--spec", str(spec),
+            [sys.executable, "-m", "locust", "-f", "batchscope/loadgen/adapter/locustfile.py", "--host", host,
+             "--spec", str(spec),
              "--web-port", str(web_port), "--metrics-port", str(free_port()),
              "--autostart", *flags],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -1,4 +1,5 @@
-"""The one window rule (loadgen/window.py) as the summary, the live metrics and the LLM tab apply it; no processes."""
+"""The one window rule (batchscope/loadgen/window.py) as the summary, the live metrics and the LLM tab apply it;
+no processes."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import math
 
 import pytest
 
-from loadgen.control import RunControl
-from loadgen.figures import RunFigures, counted
-from loadgen.llm_tab import Window
-from loadgen.request import RequestRecord, timed_elsewhere
-from loadgen.spec import load_spec
-from loadgen.window import final_window, live_window
+from batchscope.loadgen.control import RunControl
+from batchscope.loadgen.figures import RunFigures, counted
+from batchscope.loadgen.llm_tab import Window
+from batchscope.loadgen.request import RequestRecord, timed_elsewhere
+from batchscope.loadgen.spec import load_spec
+from batchscope.loadgen.window import final_window, live_window
 
 CLOSED = ["input_tokens=8", "output_tokens=4", "load.mode=concurrency", "load.concurrency=2", "warmup_s=10",
           "duration_s=100"]

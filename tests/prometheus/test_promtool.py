@@ -16,8 +16,8 @@ import pytest
 import yaml
 from prometheus_client.utils import floatToGoString
 
-from exporter import slo
-from loadgen.spec import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S
+from batchscope.exporter import slo
+from batchscope.loadgen.spec import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / "prometheus"
@@ -180,7 +180,8 @@ def slo_fallback(record: str) -> tuple[float, str]:
 def test_an_slo_fallback_is_the_defaults_bucket_bound_written_as_the_exposition_writes_it(record, metric, default):
     """The attainment rules select the target's bucket by its `le` text: a value that is no bound of vLLM's
     histogram, or an `le` spelt otherwise than prometheus_client spells it ("2.5", "1.0"), selects nothing. The
-    constant is the bound the exporter gives the load spec's default target (loadgen/spec.py, the one source)."""
+    constant is the bound the exporter gives the load spec's default target (batchscope/loadgen/spec.py, the one
+    source)."""
     value, le = slo_fallback(record)
     assert value in slo.BUCKETS[metric], f"{record}: {value} is not a bound of vLLM's histogram"
     assert le == floatToGoString(value) == repr(value), f"{record}: le must be {floatToGoString(value)!r}"

@@ -30,10 +30,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator.profile import load_profile
+from batchscope.simulator.profile import load_profile
+from batchscope.tuner.plan import Plan
+from batchscope.tuner.whatif import run_what_if
 from tests.real_vllm.support import VllmServer, tier
-from tuner.plan import Plan
-from tuner.whatif import run_what_if
 
 # the calibration (~27 s of load + 9 load generator starts), five real runs and three vLLM starts: ~3-5 min here
 # ~6 min on 2 cores: left out of `make test` (CI's budget) until issue 23's fit holds; `make test-calibration`

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.spec import WorkloadSpec
-from loadgen.target import probes_answered
-from simulator.calibrate import sample_sums
+from batchscope.loadgen.spec import WorkloadSpec
+from batchscope.loadgen.target import probes_answered
+from batchscope.simulator.calibrate import sample_sums
 from tests.conftest import run_load
 from tests.real_vllm.support import SERVED_NAME, VllmServer, tier
 

@@ -13,7 +13,7 @@ import pytest
 import uvloop
 
 from batchscope import receive_stamps
-from simulator.arrivals import ArrivalStamps
+from batchscope.simulator.arrivals import ArrivalStamps
 
 LOOPS = pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
 BUSY_S = 0.2  # the event loop kept busy this long after a request was sent

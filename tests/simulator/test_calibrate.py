@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 import yaml
 
-from simulator import calibrate
-from simulator.calibrate import CalibrationError, Measured, Server, design, fit_profile, model_facts, stagger
-from simulator.cost import StepCostModel
-from simulator.engine import EngineCore
-from simulator.frontend import FrontEnd
-from simulator.profile import Profile, load_profile
-from simulator.virtual import ClosedLoop, run_timed
+from batchscope.simulator import calibrate
+from batchscope.simulator.calibrate import CalibrationError, Measured, Server, design, fit_profile, model_facts, stagger
+from batchscope.simulator.cost import StepCostModel
+from batchscope.simulator.engine import EngineCore
+from batchscope.simulator.frontend import FrontEnd
+from batchscope.simulator.profile import Profile, load_profile
+from batchscope.simulator.virtual import ClosedLoop, run_timed
 from tests.stubs import HttpStub, json_reply
 
 CONFIG = Path(__file__).parents[1] / "fixtures" / "tiny-llama-config.json"
@@ -110,7 +110,7 @@ def test_the_fit_finds_a_known_profile_again_on_the_virtual_clock():
     assert {r.figure for r in record.residuals} == {"prefill", "itl"}
     assert record.conditions["max_num_seqs"] == 8 and record.conditions["vllm_version"] == "0.32.0"
     # the memory it is given reproduces the server's KV cache
-    from simulator.memory import plan_kv_cache
+    from batchscope.simulator.memory import plan_kv_cache
     assert plan_kv_cache(profile, 0.92, 1024, 128, 1024).num_gpu_blocks == target.num_gpu_blocks
 
 

@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from simulator.responses import VLLM_VERSION
+from batchscope.simulator.responses import VLLM_VERSION
 from tests.conftest import wait_until
 
-# how the repository's log readers find vLLM's capacity line (exporter/docker_source.py, tuner/backends.py)
+# how the repository's log readers find vLLM's capacity line (batchscope/exporter/docker_source.py,
+# batchscope/tuner/backends.py)
 KV_LINE = re.compile(r"(GPU|CPU) KV cache size: ([\d,]+) tokens")
 
 

@@ -14,16 +14,17 @@ import pytest
 import requests
 import yaml
 
-from simulator.config import Deployment, ServeConfig
-from simulator.profile import load_profile
+from batchscope.simulator.config import Deployment, ServeConfig
+from batchscope.simulator.profile import load_profile
 
-# how the repository's log readers find vLLM's capacity line (exporter/docker_source.py, tuner/backends.py)
+# how the repository's log readers find vLLM's capacity line (batchscope/exporter/docker_source.py,
+# batchscope/tuner/backends.py)
 KV_LINE = re.compile(r"(GPU|CPU) KV cache size: ([\d,]+) tokens")
 
 
 def profile_file(tmp_path: Path, **changes) -> str:
     """The tiny profile as a YAML file with ``changes`` (None: the field removed)."""
-    fields = yaml.safe_load((resources.files("simulator") / "profiles" / "tiny.yaml").read_text())
+    fields = yaml.safe_load((resources.files("batchscope.simulator") / "profiles" / "tiny.yaml").read_text())
     fields.update(changes)
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump({k: v for k, v in fields.items() if v is not None}))

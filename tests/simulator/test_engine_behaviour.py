@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from simulator.config import Deployment, ServeConfig
-from simulator.engine import EngineCore
-from simulator.virtual import RequestSpec, SimulationResult, poisson_workload, run_virtual
+from batchscope.simulator.config import Deployment, ServeConfig
+from batchscope.simulator.engine import EngineCore
+from batchscope.simulator.virtual import RequestSpec, SimulationResult, poisson_workload, run_virtual
 
 PROFILE = "h100-llama-3.1-8b"
 

@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, seed, settings, target
 from hypothesis import strategies as st
 
-from simulator.cost import StepCostModel
-from simulator.engine import EngineCore, SchedulerLimits
-from simulator.finish import REASON_LENGTH, REASON_STOP
-from simulator.profile import load_profile
-from simulator.slots import ABORTED, FREE, RUNNING, WAITING
-from simulator.virtual import RequestSpec
+from batchscope.simulator.cost import StepCostModel
+from batchscope.simulator.engine import EngineCore, SchedulerLimits
+from batchscope.simulator.finish import REASON_LENGTH, REASON_STOP
+from batchscope.simulator.profile import load_profile
+from batchscope.simulator.slots import ABORTED, FREE, RUNNING, WAITING
+from batchscope.simulator.virtual import RequestSpec
 
 TINY_COST = StepCostModel(load_profile("tiny"))
 MAX_STEPS = 40_000
@@ -533,8 +533,8 @@ def test_zero_eos_probability_means_outputs_run_to_max_tokens() -> None:
 
 
 def test_a_max_model_len_request_accepted_at_startup_is_served() -> None:
-    from simulator.config import Deployment, ServeConfig
-    from simulator.virtual import RequestSpec, run_virtual
+    from batchscope.simulator.config import Deployment, ServeConfig
+    from batchscope.simulator.virtual import RequestSpec, run_virtual
 
     # tiny profile at this utilization: 12 blocks, one of them vLLM's null block: 176 usable tokens
     with pytest.raises(ValueError, match="To serve at least one request"):

@@ -16,9 +16,9 @@ import aiohttp
 import numpy as np
 import pytest
 
+from batchscope.simulator.config import Deployment, ServeConfig
+from batchscope.simulator.virtual import RequestSpec, run_virtual
 from batchscope.testkit.simulator import start_simulator
-from simulator.config import Deployment, ServeConfig
-from simulator.virtual import RequestSpec, run_virtual
 
 RATE, COUNT, PROMPT, OUTPUT = 6.0, 36, 1500, 64
 FLAGS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.9, "max_model_len": 8192}

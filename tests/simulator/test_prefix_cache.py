@@ -12,13 +12,13 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.config import Deployment, ServeConfig
-from simulator.cost import StepCostModel
-from simulator.engine import EngineCore, SchedulerLimits
-from simulator.prefix_cache import PrefixCache, block_hashes
-from simulator.profile import load_profile
-from simulator.slots import RUNNING
-from simulator.virtual import RequestSpec, add_to_engine, run_virtual
+from batchscope.simulator.config import Deployment, ServeConfig
+from batchscope.simulator.cost import StepCostModel
+from batchscope.simulator.engine import EngineCore, SchedulerLimits
+from batchscope.simulator.prefix_cache import PrefixCache, block_hashes
+from batchscope.simulator.profile import load_profile
+from batchscope.simulator.slots import RUNNING
+from batchscope.simulator.virtual import RequestSpec, add_to_engine, run_virtual
 
 TINY_COST = StepCostModel(load_profile("tiny"))
 

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from simulator import tokenizer
-from simulator.config import ServeConfig
-from simulator.faults import FaultInjector
-from simulator.protocol import (
+from batchscope.simulator import tokenizer
+from batchscope.simulator.config import ServeConfig
+from batchscope.simulator.faults import FaultInjector
+from batchscope.simulator.protocol import (
     ApiError,
     GenerationRequest,
     ServedModel,
@@ -21,7 +21,7 @@ from simulator.protocol import (
     require_object,
     tokenize_ids,
 )
-from simulator.responses import SseFormatter, completion_body, models_body, sse_tail
+from batchscope.simulator.responses import SseFormatter, completion_body, models_body, sse_tail
 
 SERVED = ServedModel(("served", "org/model"), max_model_len=64, vocab_size=8000)
 

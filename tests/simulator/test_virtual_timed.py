@@ -6,9 +6,16 @@ import numpy as np
 import pytest
 
 from batchscope.prompt_layout import prompt_ids
-from simulator.config import Deployment, ServeConfig
-from simulator.engine import EngineCore, Step
-from simulator.virtual import ClosedLoop, FixedArrivals, RequestSpec, poisson_workload, run_timed, run_virtual
+from batchscope.simulator.config import Deployment, ServeConfig
+from batchscope.simulator.engine import EngineCore, Step
+from batchscope.simulator.virtual import (
+    ClosedLoop,
+    FixedArrivals,
+    RequestSpec,
+    poisson_workload,
+    run_timed,
+    run_virtual,
+)
 
 
 def engine_for(**flags) -> EngineCore:

@@ -34,9 +34,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.listen import free_port
+from batchscope.loadgen.spec import WorkloadSpec
+from batchscope.loadgen.target import probes_answered
 from batchscope.testkit.processes import wait_until
-from loadgen.spec import WorkloadSpec
-from loadgen.target import probes_answered
 
 pytestmark = [pytest.mark.docker_stack, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -53,7 +53,8 @@ SPEC = ROOT / "tests" / "stack" / "preempting-spec.yaml"
 # leaves too little then, and the re-created simulator refuses to start, as vLLM does): the spec's 32 users want
 # ~49,000 at once
 TIGHT_UTILIZATION = "0.235"
-VOCAB_SIZE = 128256  # the default model's (simulator/profiles/h100-llama-3.1-8b.yaml): the pre-flight's probes
+# the default model's vocabulary (batchscope/simulator/profiles/h100-llama-3.1-8b.yaml): the pre-flight's probes
+VOCAB_SIZE = 128256
 UP_S = 300  # cold: the project's image is built first (separately); a warm `up --wait` took 38 s here
 ALERT_S = 240  # preemptions from the first requests; 1 m rate, for: 30s, 5 s evaluation, group_wait 10s
 RUN_END_S = 300  # the spec's 85 s (the gpu project's 20 s and vLLM's start) from the run's start, and the summary

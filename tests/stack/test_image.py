@@ -14,8 +14,8 @@ import pytest
 from batchscope.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
-# what a subcommand imports of this checkout: its parser built (`--help`), then the top-level folder of every
-# module it loaded from the repository
+# what a subcommand imports of this checkout: its parser built (`--help`), then every file of the repository it
+# loaded
 IMPORTED = """
 import json, sys
 from pathlib import Path
@@ -26,29 +26,42 @@ except SystemExit:
     pass
 root = Path(sys.argv[2])
 files = [Path(module.__file__) for module in list(sys.modules.values()) if getattr(module, "__file__", None)]
-tops = {file.relative_to(root).parts[0] for file in files if file.is_relative_to(root)}
-print(json.dumps(sorted(top for top in tops if not top.startswith("."))))  # not .venv's site-packages
+loaded = [file.relative_to(root) for file in files if file.is_relative_to(root)]
+print(json.dumps(sorted(str(file) for file in loaded if not file.parts[0].startswith("."))))  # not .venv's
 """
 
 
-def copied_into_image() -> set[str]:
-    """Top-level paths the Dockerfile copies that .dockerignore lets into the build context."""
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    copied = {path.rstrip("/") for sources in re.findall(r"^COPY\s+(.+?)\s+\S+$", dockerfile, re.MULTILINE)
-              for path in sources.split()}
+def dockerignore() -> tuple[set[str], set[str]]:
+    """The paths .dockerignore lets into the build context, and those it then leaves out again."""
     lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    return copied & allowed
+    left_out = {line.rstrip("/") for line in lines if line and line[0] not in "!#*"}
+    return allowed, left_out
+
+
+def in_image(path: str) -> bool:
+    """Whether the Dockerfile copies ``path`` (relative to the checkout) from what .dockerignore lets through."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = {source.rstrip("/") for sources in re.findall(r"^COPY\s+(.+?)\s+\S+$", dockerfile, re.MULTILINE)
+              for source in sources.split()}
+    allowed, left_out = dockerignore()
+    under = Path(path).is_relative_to
+    return any(map(under, copied & allowed)) and not any(map(under, left_out))
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_every_package_a_subcommand_imports_is_in_the_image(command):
+def test_every_module_a_subcommand_imports_is_in_the_image(command):
     """`batchscope tune` and `report` failed in the image: tuner/ was not copied."""
     out = subprocess.run([sys.executable, "-c", IMPORTED, command, str(ROOT)], capture_output=True, text=True,
                          timeout=120, check=True, cwd=ROOT).stdout
-    imported = set(json.loads(out.splitlines()[-1]))  # after the help text
-    assert imported - {"batchscope"}, "the subcommand's own package was not seen"
-    assert not imported - copied_into_image(), f"batchscope {command} imports packages the image lacks"
+    loaded = json.loads(out.splitlines()[-1])  # after the help text
+    component = Path(*COMMANDS[command][0].split(".")[:2])
+    assert any(Path(path).is_relative_to(component) for path in loaded), f"{component} was not seen"
+    assert [path for path in loaded if not in_image(path)] == [], f"batchscope {command} imports what the image lacks"
+
+
+def test_the_test_support_stays_out_of_the_image():
+    assert not in_image("batchscope/testkit/processes.py") and in_image("batchscope/tuner/plan.py")
 
 
 def test_the_dockerfile_needs_no_frontend_from_docker_hub():

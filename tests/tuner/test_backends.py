@@ -12,9 +12,7 @@ import docker
 import pytest
 import requests
 
-from tests.conftest import free_port
-from tests.stubs import HttpStub, Reply, json_reply
-from tuner.backends import (
+from batchscope.tuner.backends import (
     CommandServer,
     DockerServer,
     SimulatorServer,
@@ -23,7 +21,9 @@ from tuner.backends import (
     recreate_spec,
     replace_knobs,
 )
-from tuner.plan import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
+from batchscope.tuner.plan import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
+from tests.conftest import free_port
+from tests.stubs import HttpStub, Reply, json_reply
 
 PARAMS = ServingParams(model="meta-llama/Llama-3.1-8B-Instruct", max_model_len=8192, max_num_batched_tokens=8192)
 # the real CPU build's lines (v0.32.0, shared/reference/real-parts.md): the device is named, one line

@@ -7,13 +7,13 @@ import zlib
 import numpy as np
 import pytest
 
-from loadgen.spec import WorkloadSpec
-from loadgen.summary import Distribution
-from tuner.compare import ConditionsDiffer, compare
-from tuner.comparison import Comparison
-from tuner.plan import ServingParams, Slos
-from tuner.results import ClientFigures, RequestSamples, RunResult, ServerSignals
-from tuner.verdicts import pareto_front
+from batchscope.loadgen.spec import WorkloadSpec
+from batchscope.loadgen.summary import Distribution
+from batchscope.tuner.compare import ConditionsDiffer, compare
+from batchscope.tuner.comparison import Comparison
+from batchscope.tuner.plan import ServingParams, Slos
+from batchscope.tuner.results import ClientFigures, RequestSamples, RunResult, ServerSignals
+from batchscope.tuner.verdicts import pareto_front
 
 WORKLOAD = {"model": "auto", "input_tokens": 512, "output_tokens": 128, "seed": 1, "warmup_s": 10,
             "duration_s": 60, "load": {"mode": "concurrency", "concurrency": 64}}

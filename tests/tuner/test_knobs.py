@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from batchscope.simulator.responses import VLLM_VERSION
+from batchscope.tuner.backends import SimulatorServer, command_argv, replace_knobs, simulator_argv
+from batchscope.tuner.observers import diff
+from batchscope.tuner.plan import CommandBackend, Plan, ServingParams, SimulatorBackend
 from batchscope.vllm_knobs import KNOBS, without_knobs
-from simulator.responses import VLLM_VERSION
 from tests.tuner.support import run_files, tiny_plan, tune, write_plan
-from tuner.backends import SimulatorServer, command_argv, replace_knobs, simulator_argv
-from tuner.observers import diff
-from tuner.plan import CommandBackend, Plan, ServingParams, SimulatorBackend
 
 MODEL = "/tmp/tinymodel"
 

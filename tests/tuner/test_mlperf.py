@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from loadgen.summary import Distribution
-from tuner.mlperf import (
+from batchscope.loadgen.summary import Distribution
+from batchscope.tuner.mlperf import (
     PointFlow,
     SearchState,
     ServerPoint,
@@ -22,10 +22,10 @@ from tuner.mlperf import (
     poisson_plan,
     search_server,
 )
-from tuner.plan import Slos
-from tuner.results import ClientFigures, RunResult
-from tuner.scenarios import measure_what_if
-from tuner.whatif import run_what_if
+from batchscope.tuner.plan import Slos
+from batchscope.tuner.results import ClientFigures, RunResult
+from batchscope.tuner.scenarios import measure_what_if
+from batchscope.tuner.whatif import run_what_if
 
 from .test_whatif import one_knob_plan
 

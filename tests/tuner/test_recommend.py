@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from loadgen.summary import Distribution
+from batchscope.loadgen.summary import Distribution
+from batchscope.tuner.compare import compare
+from batchscope.tuner.comparison import Comparison
+from batchscope.tuner.plan import Objective, Slos
+from batchscope.tuner.report_recommendation import recommendation_lines
+from batchscope.tuner.results import RunResult
 from tests.tuner.test_compare import N, make_run
-from tuner.compare import compare
-from tuner.comparison import Comparison
-from tuner.plan import Objective, Slos
-from tuner.report_recommendation import recommendation_lines
-from tuner.results import RunResult
 
 SLOS = Slos(ttft_p99_s=2.0, tpot_p99_s=0.2)
 

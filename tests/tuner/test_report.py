@@ -13,11 +13,11 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
+from batchscope.tuner.metric_defs import METRICS
+from batchscope.tuner.plan import Plan
+from batchscope.tuner.report import CSV_COLUMNS, PLOTS, write_report
+from batchscope.tuner.results import ServerReport, load_results, save
 from tests.tuner.test_compare import BASE_PARAMS, WORKLOAD, make_run
-from tuner.metric_defs import METRICS
-from tuner.plan import Plan
-from tuner.report import CSV_COLUMNS, PLOTS, write_report
-from tuner.results import ServerReport, load_results, save
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CHROMIUM = "/usr/bin/chromium"

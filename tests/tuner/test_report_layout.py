@@ -26,12 +26,12 @@ from matplotlib.text import Annotation
 from matplotlib.transforms import Bbox
 from PIL import Image, ImageStat
 
+from batchscope.tuner.compare import compare
+from batchscope.tuner.comparison import Comparison
+from batchscope.tuner.plan import Slos
+from batchscope.tuner.report_plots import deltas_figure, pareto_figure, scheduler_figure, throughput_preemptions_figure
+from batchscope.tuner.report_text import percent
 from tests.tuner.test_compare import make_run
-from tuner.compare import compare
-from tuner.comparison import Comparison
-from tuner.plan import Slos
-from tuner.report_plots import deltas_figure, pareto_figure, scheduler_figure, throughput_preemptions_figure
-from tuner.report_text import percent
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTHS = (1000, 1400)

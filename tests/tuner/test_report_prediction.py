@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from batchscope.tuner.report import write_report
+from batchscope.tuner.report_prediction import prediction_rows
 from tests.tuner.support import run_files, tiny_plan, tune, write_plan
-from tuner.report import write_report
-from tuner.report_prediction import prediction_rows
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,11 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-from tests.stubs import HttpStub, json_reply
-from tests.tuner.support import tiny_plan
-from tuner.observers import PROMETHEUS_QUERIES, annotate, diff, grafana_annotator, query_prometheus
-from tuner.plan import Plan, Slos
-from tuner.planned import plan_runs
-from tuner.progress import client_live, quantile
-from tuner.signals import (
+from batchscope.tuner.observers import PROMETHEUS_QUERIES, annotate, diff, grafana_annotator, query_prometheus
+from batchscope.tuner.plan import Plan, Slos
+from batchscope.tuner.planned import plan_runs
+from batchscope.tuner.progress import client_live, quantile
+from batchscope.tuner.signals import (
     MetricsPoint,
     cache_config,
     good_requests,
@@ -27,6 +25,8 @@ from tuner.signals import (
     server_report,
     server_signals,
 )
+from tests.stubs import HttpStub, json_reply
+from tests.tuner.support import tiny_plan
 
 RULES = Path(__file__).resolve().parents[2] / "prometheus" / "rules"
 

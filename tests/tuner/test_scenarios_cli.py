@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from batchscope.cli import main
+from batchscope.tuner.plan import load_plan
 from tests.tuner.support import tune, write_plan
-from tuner.plan import load_plan
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "one-knob.yaml"
 CHECKS = {"latency", "kept up", "queue growth", "backlog", "query count"}

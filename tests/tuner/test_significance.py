@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from batchscope.tuner.bootstrap import MIN_REPEATS, NO_ESTIMATE, Estimate, holm
+from batchscope.tuner.compare import compare
+from batchscope.tuner.comparison import Comparison, MetricDelta
+from batchscope.tuner.plan import Plan
+from batchscope.tuner.report_text import ci_line, significance
+from batchscope.tuner.welch import t_quantile, welch
+from batchscope.tuner.whatif import run_what_if
 from tests.tuner.support import tiny_plan, tune, write_plan
 from tests.tuner.test_compare import make_run, run_compare
-from tuner.bootstrap import MIN_REPEATS, NO_ESTIMATE, Estimate, holm
-from tuner.compare import compare
-from tuner.comparison import Comparison, MetricDelta
-from tuner.plan import Plan
-from tuner.report_text import ci_line, significance
-from tuner.welch import t_quantile, welch
-from tuner.whatif import run_what_if
 
 # no-op variations: a token budget no 64- or 1,024-token prompt notices, a context limit no request reaches
 NO_OPS = [{"name": "mnbt-2049", "set": {"max_num_batched_tokens": 2049}},

@@ -9,13 +9,13 @@ import signal
 
 import pytest
 
+from batchscope.tuner.backends import make_server
+from batchscope.tuner.one_run import run_one
+from batchscope.tuner.plan import Plan
+from batchscope.tuner.planned import plan_runs
+from batchscope.tuner.progress import Progress
+from batchscope.tuner.stopping import Interrupted, StopOnSignal, signals_deferred
 from tests.tuner.support import tiny_plan
-from tuner.backends import make_server
-from tuner.one_run import run_one
-from tuner.plan import Plan
-from tuner.planned import plan_runs
-from tuner.progress import Progress
-from tuner.stopping import Interrupted, StopOnSignal, signals_deferred
 
 
 def interrupt_self() -> None:

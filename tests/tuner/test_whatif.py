@@ -8,11 +8,11 @@ import time
 import pytest
 import yaml
 
-from simulator.config import Deployment, ServeConfig
-from simulator.profile import load_profile
-from tuner.plan import CommandBackend, Plan, Slos
-from tuner.results import RunResult
-from tuner.whatif import run_what_if, simulate
+from batchscope.simulator.config import Deployment, ServeConfig
+from batchscope.simulator.profile import load_profile
+from batchscope.tuner.plan import CommandBackend, Plan, Slos
+from batchscope.tuner.results import RunResult
+from batchscope.tuner.whatif import run_what_if, simulate
 
 PROFILE = "h100-llama-3.1-8b"
 USERS, INPUT, OUTPUT = 64, 2048, 256

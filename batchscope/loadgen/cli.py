@@ -1,0 +1,104 @@
+"""`batchscope load`: run the workload spec headless with Locust (a master and N worker processes).
+
+Everything that can refuse the run is checked before Locust starts, so a refusal is one line and nothing else
+(no banner, no empty tables or CSV files): the flags, the spec, and the server (batchscope/loadgen/target.py's
+pre-flight: ``--host`` a URL that accepts a connection, the model, the length, the prompt ids' vocabulary, chat's
+words).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from batchscope import exits
+from batchscope.loadgen.checks import BadInput, check_host, check_out_dir, check_port, check_run_id
+from batchscope.loadgen.metrics import DEFAULT_METRICS_PORT
+from batchscope.loadgen.spec import SpecError, WorkloadSpec, load_spec
+from batchscope.loadgen.target import build_target
+
+LOCUSTFILE = Path(__file__).parent / "adapter" / "locustfile.py"
+MASTER_PORT = 5557  # Locust's default
+ANY_ADDRESS = ("*", "0.0.0.0")
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    load = commands.add_parser("load", help="send the fixed streaming load of a workload spec (Locust, headless)")
+    load.add_argument("--spec", required=True, metavar="FILE", help="workload spec YAML")
+    load.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a spec field, e.g. --set load.rate=8 (repeatable)")
+    load.add_argument("--host", default="http://127.0.0.1:8000", help="base URL of the vLLM server")
+    load.add_argument("--workers", type=int, default=0,
+                      help="worker processes (0: one local process; N: a master and N workers)")
+    load.add_argument("--out", metavar="DIR", help="output directory (default: out/RUN_ID)")
+    load.add_argument("--run-id", help="run identifier (default: start time)")
+    load.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                      help="port of the merged client /metrics on 127.0.0.1 (0: off)")
+    load.add_argument("--master-bind-host", default="127.0.0.1", metavar="ADDR",
+                      help="address the master listens on for workers (port 5557); 0.0.0.0 lets workers on other "
+                           "hosts join with `locust -f batchscope/loadgen/adapter/locustfile.py --worker "
+                           "--master-host HOST`")
+    load.add_argument("--master-port", type=int, default=MASTER_PORT,
+                      help="port the master listens on for workers (two runs with workers at once need two)")
+    load.set_defaults(run=run_load)
+
+
+def run_load(args: argparse.Namespace) -> int:
+    """Check every input and the server, then exec Locust. Bad input, or a server that cannot take the run: one
+    line naming the flag, field or cause, exit status 2."""
+    try:
+        spec = load_spec(args.spec, args.overrides)
+        run_id, out = check_inputs(args)
+        ids = preflight(spec, args.host)
+    except (SpecError, BadInput) as exc:
+        print(f"batchscope load: error: {exc}", file=sys.stderr)
+        return exits.BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C during the pre-flight's requests: no run, nothing written
+        print("batchscope load: interrupted before the run started", file=sys.stderr)
+        return exits.INTERRUPTED
+    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+               "--host", args.host, "--spec", args.spec, "--run-id", run_id, "--out", str(out),
+               "--metrics-port", str(args.metrics_port), "--csv", str(out / "locust"), "--stop-timeout", "0",
+               # Locust's end-of-run table goes to a file, not after our summary: the console has one report
+               "--json-file", str(out / "locust_stats")]
+    if ids is not None:
+        command += ["--batchscope-ids", f"{ids[0]},{ids[1]}"]
+    for override in args.overrides:
+        command += ["--spec-set", override]
+    if args.workers:
+        command += ["--processes", str(args.workers), "--master-bind-host", args.master_bind_host,
+                    "--master-bind-port", str(args.master_port), "--master-port", str(args.master_port)]
+        if args.master_bind_host not in ANY_ADDRESS:
+            command += ["--master-host", args.master_bind_host]  # where the forked workers connect
+    print(f"batchscope load: {spec.load.mode} load on {args.host}, results in {out}", file=sys.stderr, flush=True)
+    # become Locust: signals (Ctrl-C, SIGTERM) reach it directly and no wrapper process is left behind
+    os.execv(sys.executable, command)
+    return 1  # not reached
+
+
+def preflight(spec: WorkloadSpec, host: str) -> tuple[int, int] | None:
+    """The server's checks (batchscope/loadgen/target.py's build_target, as the controller will make them); the
+    completions'
+    prompt id range it probed, handed on so the vocabulary is probed once per run."""
+    target = build_target(spec, host)
+    return None if target.chat else (target.id_low, target.id_high)
+
+
+def check_inputs(args: argparse.Namespace) -> tuple[str, Path]:
+    """The flags beside the spec; returns the run id and the (created) output directory."""
+    if args.workers < 0:
+        raise BadInput("--workers: must be >= 0")
+    check_port("--metrics-port", args.metrics_port)
+    if args.workers:
+        if not 1 <= args.master_port <= 65535:  # workers connect to it: 0 cannot mean "off" here
+            raise BadInput(f"--master-port: {args.master_port} is not a port number (1-65535)")
+        check_host("--master-bind-host", args.master_bind_host)
+        bind_host = "" if args.master_bind_host in ANY_ADDRESS else args.master_bind_host
+        check_port("--master-port", args.master_port, bind_host, host_flag="--master-bind-host")
+    run_id = check_run_id(args.run_id) if args.run_id else time.strftime("%Y%m%dT%H%M%S")
+    out = Path(args.out or Path("out") / run_id)
+    check_out_dir(out)
+    return run_id, out

@@ -1,0 +1,388 @@
+"""The state of the "LLM" tab of Locust's web UI, on the controller: a grid of cards for a screen, with the run's
+client-side figures, the server's own queue as vLLM's /metrics reports it, the serving configuration the server
+exposes, charts of all of these over the run, links to the Grafana dashboards, and the workload spec.
+
+``LlmTab.state()`` is what ``<base>/llm/state`` answers; batchscope/loadgen/adapter/webui.py serves it in Locust's web
+UI, where ``adapter/static/llm_tab.js`` draws it. Only the controller (master or local runner) has a web UI, so the
+tab shows the merged view of every worker.
+
+Client figures follow the end-of-run summary (batchscope/loadgen/summary.py): latencies of the requests completed ok in
+the measurement window (batchscope/loadgen/window.py: ended after warm-up and within duration_s) with exact percentiles,
+in ms; throughputs over the window so far. The live output tokens/s counts the tokens of completed requests (cheap to
+keep up to date); the end-of-run summary counts every token that arrived in the window, so it reads a little
+higher while long requests are streaming.
+
+Server figures come from ``<host>/metrics`` (no API key: vLLM serves /metrics without one), read with a 1 s
+timeout at most once per MIN_READ_INTERVAL_S, over every ``engine``: requests running and waiting (summed), KV
+cache usage (averaged), and preemptions in the window (summed) = the counter now minus its value at the first
+successful read at or after the window start. A read is made at the window start, so that is the start unless
+the server did not answer then; the figure names the baseline's time otherwise. A failed read shows
+"unreachable". The serving configuration is what vLLM's ``vllm:cache_config_info`` labels say (block size,
+memory share, KV blocks...), beside the model the run asks for; vLLM does not expose its scheduler's knobs
+(max_num_seqs, max_num_batched_tokens) in /metrics, the exporter reads those from its command line.
+
+Once the run stops (its end, a stop asked for, or Locust's Stop button) the server is not read again: an idle
+server's zeros are not the run's figures, so the cards and charts keep the last reading taken while it ran.
+The charts' history is sampled every SAMPLE_INTERVAL_S by a greenlet of ours (a browser opened late still sees
+the whole run) and bounded: past MAX_POINTS, every other point is dropped and the interval doubles.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gevent
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from batchscope.loadgen.control import RunControl
+from batchscope.loadgen.request import OUTCOMES
+from batchscope.loadgen.spec import WorkloadSpec
+from batchscope.loadgen.summary import Distribution, generator_line, latencies
+from batchscope.vllm_catalogue import sample_aliases
+
+LATENCIES = ("ttft", "tpot", "itl", "e2e")
+CHARTED_LATENCIES = ("ttft", "itl")
+PERCENTILES = ("p50", "p90", "p99")
+LOAD_LEVEL = {"concurrency": ("concurrency", "users"), "poisson": ("rate", "req/s"), "offline": ("requests", "total")}
+DASHBOARDS = {"overview": "batchscope-overview", "comparison": "batchscope-comparison"}  # fixed Grafana uids
+
+SERVER_TIMEOUT_S = 1.0
+# a little under the UI's 2 s poll, so one browser gets a fresh reading on every poll while several browsers
+# don't multiply the reads
+MIN_READ_INTERVAL_S = 1.5
+SAMPLE_INTERVAL_S = 2.0  # the charts' step (Locust's own charts poll every 2 s too)
+MAX_POINTS = 600  # per series: 20 minutes at 2 s, then thinned (a long run keeps its whole span)
+CONFIG_METRIC = "vllm:cache_config_info"
+# sample names as the text format spells them (a counter's samples end in _total), today's first, then older
+# releases' (vLLM 0.8 named the KV gauge gpu_cache_usage_perc); a server exposing both is in its deprecation
+# window: the new name wins
+SERVER_SAMPLES = {key: sample_aliases(name) for key, name in (
+    ("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
+    ("kv", "vllm:kv_cache_usage_perc"), ("preemptions", "vllm:num_preemptions_total"))}
+SAMPLE_PREFIXES = tuple(f"{name}{end}" for names in (*SERVER_SAMPLES.values(), (CONFIG_METRIC,))
+                        for name in names for end in "{ ")
+
+
+class Window:
+    """The LLM tab's latency figures, recomputed from the controller's RunFigures only when a request completed
+    since the last poll (exact percentiles of a long run's TTFT take a few ms)."""
+
+    def __init__(self) -> None:
+        self.completed = 0
+        self.output_tokens = 0
+        self.latency = {name: Distribution.of([]) for name in LATENCIES}
+
+    def update(self, ctl: RunControl) -> None:
+        figures = ctl.figures
+        if figures.completed == self.completed:
+            return  # nothing new: the percentiles stand
+        self.completed, self.output_tokens = figures.completed, figures.completed_output_tokens
+        self.latency = latencies(figures)
+
+
+def window_start(ctl: RunControl) -> float:
+    return ctl.window().start_s
+
+
+@dataclass(frozen=True)
+class ServerReading:
+    """One read of the server's /metrics; a figure is None when the server doesn't expose it."""
+
+    at_s: float
+    running: float | None
+    waiting: float | None
+    kv: float | None
+    preemptions: float | None
+    config: dict[str, str] = field(default_factory=dict)  # vllm:cache_config_info's labels, engine 0's
+
+
+def parse_server_metrics(text: str, at_s: float) -> ServerReading:
+    """The figures of a text exposition: counts summed over their series (one per engine), the KV cache usage
+    averaged (each engine has its own pool of the same size, so a sum could pass 100%), the cache config of the
+    first engine listed (engines of one server share it).
+
+    Only the few wanted sample lines go through prometheus_client's parser: a vLLM /metrics carries thousands
+    of histogram lines, whose full parse (~40 ms for 2,000 series, batchscope/exporter/families.py) would stall this
+    gevent loop; the line filter costs ~1.5 µs a line (measured: 3.6 ms for 2,500 lines).
+    """
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(SAMPLE_PREFIXES))
+    values: dict[str, list[float]] = {}
+    config: dict[str, str] = {}
+    for family in text_string_to_metric_families(wanted + "\n"):
+        for sample in family.samples:
+            values.setdefault(sample.name, []).append(sample.value)
+            if sample.name == CONFIG_METRIC and not config:
+                config = {k: v for k, v in sorted(sample.labels.items()) if k != "engine"}
+    found = {key: next((values[n] for n in names if n in values), None) for key, names in SERVER_SAMPLES.items()}
+    figures = {key: None if v is None else sum(v) / (len(v) if key == "kv" else 1) for key, v in found.items()}
+    return ServerReading(at_s=at_s, config=config, **figures)
+
+
+class ServerMetrics:
+    """vLLM's /metrics at ``host``, read at most every MIN_READ_INTERVAL_S, plus the preemption baseline.
+
+    ``fetch`` returns the exposition text or raises; the default is a GET with a short timeout, which under
+    Locust's gevent monkey-patching waits without blocking the load's greenlets.
+    """
+
+    def __init__(self, host: str, fetch: Callable[[str], str] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.url = host.rstrip("/") + "/metrics"
+        self.fetch = fetch or get_text
+        self.clock = clock
+        self.latest: ServerReading | None = None
+        self.reachable: bool | None = None  # None until the first read ends
+        self.baseline: ServerReading | None = None
+        self.last_read_s = -math.inf
+
+    def read(self, window_start_s: float, force: bool = False, keep: Callable[[], bool] = lambda: True) -> None:
+        """Read unless one started less than MIN_READ_INTERVAL_S ago (or forced); keep the window's first baseline.
+        A reading is dropped when ``keep()`` says no once it is in (the run stopped while it was on its way)."""
+        now = self.clock()
+        if now - self.last_read_s < MIN_READ_INTERVAL_S and not force:
+            return
+        self.last_read_s = now  # before the fetch: a poll arriving meanwhile must not start a second one
+        try:
+            reading = parse_server_metrics(self.fetch(self.url), now)
+        except Exception:  # refused, timed out, an HTTP error, not an exposition: all mean "unreachable"
+            reading = None
+        if not keep():
+            return
+        if reading is None:
+            self.reachable = False
+            return
+        self.latest, self.reachable = reading, True
+        if self.baseline is None and now >= window_start_s and reading.preemptions is not None:
+            self.baseline = reading
+
+    def preempted(self) -> float | None:
+        """Preemptions since the baseline, as of the latest reading."""
+        latest, baseline = self.latest, self.baseline
+        if latest is None or baseline is None or latest.preemptions is None or baseline.preemptions is None:
+            return None
+        return latest.preemptions - baseline.preemptions
+
+
+def get_text(url: str) -> str:
+    # text format asked for explicitly: prometheus_client >= 0.23 answers an OpenMetrics Accept with vllm_ names
+    answer = requests.get(url, headers={"Accept": "text/plain"}, timeout=SERVER_TIMEOUT_S)
+    answer.raise_for_status()
+    return answer.text
+
+
+class History:
+    """The charts' series: one point per sample, bounded by MAX_POINTS (thinned by half, the step doubled)."""
+
+    def __init__(self) -> None:
+        self.points: list[dict[str, float | None]] = []
+        self.stride = 1  # samples per kept point
+        self.seen = 0
+
+    def add(self, point: dict[str, float | None], last: bool = False) -> None:
+        """Keep ``point`` when its turn comes in the stride, or always when it is the run's ``last``."""
+        self.seen += 1
+        if (self.seen - 1) % self.stride and not last:
+            return
+        self.points.append(point)
+        if len(self.points) > MAX_POINTS:
+            self.points = self.points[::2]
+            self.stride *= 2
+
+    def series(self) -> dict[str, list[float | None]]:
+        keys = self.points[0].keys() if self.points else ()
+        return {key: [point[key] for point in self.points] for key in keys}
+
+
+def chart_point(ctl: RunControl, window: Window, server: ServerMetrics) -> dict[str, float | None]:
+    """The charts' values now: elapsed seconds, the window's latency percentiles (ms), the server's figures."""
+    assert ctl.start_s is not None
+    point: dict[str, float | None] = {"t": round(time.time() - ctl.start_s, 2)}
+    for name in CHARTED_LATENCIES:
+        for p in PERCENTILES:
+            value = getattr(window.latency[name], p)
+            point[f"{name}_{p}"] = None if value is None else round(value * 1000, 3)
+    latest = server.latest if server.reachable else None
+    point["running"] = None if latest is None else latest.running
+    point["waiting"] = None if latest is None else latest.waiting
+    point["kv"] = None if latest is None or latest.kv is None else round(latest.kv * 100, 2)
+    point["preemptions"] = server.preempted() if server.reachable else None
+    return point
+
+
+@dataclass
+class LlmTab:
+    """The tab's state on the controller: the window's figures, the server's readings, the charts' history."""
+
+    get_control: Callable[[], RunControl | None]
+    stopped_outside: Callable[[], bool]  # the run was stopped by other means than its controller (Locust's button)
+    grafana_url: str = ""
+    window: Window = field(default_factory=Window)
+    history: History = field(default_factory=History)
+    servers: dict[str, ServerMetrics] = field(default_factory=dict)
+    closed: bool = False  # the charts' last point is in
+
+    def server(self, ctl: RunControl) -> ServerMetrics:
+        return self.servers.setdefault(ctl.host, ServerMetrics(ctl.host))
+
+    def over(self, ctl: RunControl) -> bool:
+        """The run stopped: its end, a stop asked for, or Locust's Stop button (``stopped_outside``)."""
+        return ctl.stopping or self.stopped_outside()
+
+    def sample(self, ctl: RunControl) -> None:
+        """Bring the figures up to date and add a point to the charts (while the run is on)."""
+        ctl.refresh()
+        self.window.update(ctl)
+        if self.over(ctl):
+            return
+        server = self.server(ctl)
+        server.read(window_start(ctl), keep=lambda: not self.over(ctl))
+        if not self.over(ctl):
+            self.history.add(chart_point(ctl, self.window, server))
+
+    def close(self, ctl: RunControl) -> None:
+        """End the charts on the figures the cards freeze at (the last reading taken while the run was on), once."""
+        if not self.closed:
+            self.closed = True
+            self.window.update(ctl)
+            self.history.add(chart_point(ctl, self.window, self.server(ctl)), last=True)
+
+    def state(self) -> dict[str, Any]:
+        """What /llm/state answers: the run's state, the cards' rows, the charts' series."""
+        ctl = self.get_control()
+        if ctl is None or ctl.start_s is None:
+            return {"state": "not started", "frozen": False, "rows": rows(None, self.window), "series": {}}
+        frozen = self.over(ctl)
+        if frozen:
+            self.close(ctl)
+        else:
+            self.server(ctl).read(window_start(ctl), keep=lambda: not self.over(ctl))
+        table = rows(ctl, self.window, self.server(ctl), self.grafana_url)
+        return {"state": "stopped" if frozen else "running", "frozen": frozen, "rows": table,
+                "series": self.history.series()}
+
+
+def read_at_window_start(get_control: Callable[[], RunControl | None],
+                         server: Callable[[RunControl], ServerMetrics]) -> None:
+    """Take the preemption baseline at the window start even when no browser is polling then."""
+    while (ctl := get_control()) is None or ctl.start_s is None:
+        gevent.sleep(0.5)
+    gevent.sleep(max(0.0, window_start(ctl) - time.time()))
+    server(ctl).read(window_start(ctl), force=True)
+
+
+def sample_while_running(tab: LlmTab) -> None:
+    """Sample the charts every SAMPLE_INTERVAL_S from the run's start to its stop, then once more."""
+    while (ctl := tab.get_control()) is None or ctl.start_s is None:
+        gevent.sleep(0.5)
+    while not tab.over(ctl):
+        tab.sample(ctl)
+        gevent.sleep(SAMPLE_INTERVAL_S)
+    tab.close(ctl)
+
+
+def rows(ctl: RunControl | None, window: Window, server: ServerMetrics | None = None,
+         grafana_url: str = "") -> list[dict[str, str]]:
+    """The cards' rows (each names its card): latencies, throughput, requests, generator, server, serving
+    config (when a server is given), Grafana links, spec. A server is read by the caller, not here."""
+    if ctl is None or ctl.start_s is None:
+        return [row("run", "run", "not started")]
+    ctl.refresh()
+    window.update(ctl)
+    server_part = [] if server is None else server_rows(server, window_start(ctl)) + config_rows(ctl, server)
+    return (latency_rows(window) + throughput_rows(ctl, window) + request_rows(ctl) + generator_rows(ctl) + server_part
+            + grafana_rows(grafana_url) + spec_rows(ctl.spec))
+
+
+def row(card: str, figure: str, value: object, **percentiles: str) -> dict[str, str]:
+    return {"card": card, "figure": figure, "value": str(value), **percentiles}
+
+
+def latency_rows(window: Window) -> list[dict[str, str]]:
+    return [latency_row(f"{name.upper()} (ms)", window.latency[name]) for name in LATENCIES]
+
+
+def latency_row(figure: str, dist: Distribution) -> dict[str, str]:
+    return row("latency", figure, milliseconds(dist.mean), **{p: milliseconds(getattr(dist, p)) for p in PERCENTILES})
+
+
+def milliseconds(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.2f}"
+
+
+def throughput_rows(ctl: RunControl, window: Window) -> list[dict[str, str]]:
+    span = ctl.window()
+    measured = min(time.time(), span.end_s) - span.start_s
+    if measured <= 0:
+        return [row("throughput", "measured (s)", "warming up")]
+    return [
+        row("throughput", "measured (s)", f"{measured:.1f}"),
+        row("throughput", "completed (ok, in window)", window.completed),
+        row("throughput", "completion throughput (req/s)", f"{window.completed / measured:.3f}"),
+        row("throughput", "output tokens/s (completed requests)", f"{window.output_tokens / measured:.1f}"),
+    ]
+
+
+def request_rows(ctl: RunControl) -> list[dict[str, str]]:
+    """Counts since the start, warm-up included (as the summary's outcomes)."""
+    outcomes = [row("requests", f"outcome {outcome}", ctl.stats.outcomes[outcome]) for outcome in OUTCOMES]
+    return [row("requests", "started", ctl.stats.started), *outcomes, row("requests", "in flight", ctl.in_flight)]
+
+
+def generator_rows(ctl: RunControl) -> list[dict[str, str]]:
+    """The live saturation verdict (batchscope/loadgen/saturation.py): the advice when the generator is the
+    bottleneck."""
+    return [row("generator", "load generator", generator_line(ctl.saturation.live()))]
+
+
+def server_rows(server: ServerMetrics, window_start_s: float) -> list[dict[str, str]]:
+    figures = ["server running (requests)", "server waiting (requests)", "server KV cache usage (%)",
+               preemptions_figure(server.baseline, window_start_s)]
+    if server.reachable is None:
+        return [row("server", figure, "-") for figure in figures]
+    if not server.reachable:
+        return [row("server", figure, "unreachable") for figure in figures]
+    latest = server.latest
+    assert latest is not None  # reachable: read at least once
+    values = [count(latest.running), count(latest.waiting),
+              "-" if latest.kv is None else f"{latest.kv * 100:.1f}", count(server.preempted())]
+    return [row("server", figure, value) for figure, value in zip(figures, values, strict=True)]
+
+
+def config_rows(ctl: RunControl, server: ServerMetrics) -> list[dict[str, str]]:
+    """The serving configuration in effect: the model asked for and what the server's cache_config_info says."""
+    model = ctl.target.body.get("model", "") if ctl.target is not None else ctl.spec.model
+    labels = server.latest.config if server.latest is not None else {}
+    told = labels or {"cache_config_info": "not exposed" if server.reachable else "-"}
+    return [row("config", "model", model), *(row("config", key, value) for key, value in told.items())]
+
+
+def preemptions_figure(baseline: ServerReading | None, window_start_s: float) -> str:
+    # a baseline read well after the window start misses the preemptions before it: say from when it counts
+    if baseline is None or baseline.at_s <= window_start_s + SERVER_TIMEOUT_S + MIN_READ_INTERVAL_S:
+        return "server preemptions (in window)"
+    return f"server preemptions (since {time.strftime('%H:%M:%S', time.localtime(baseline.at_s))})"
+
+
+def count(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def grafana_rows(grafana_url: str) -> list[dict[str, str]]:
+    if not grafana_url:
+        return []
+    base = grafana_url.rstrip("/")
+    return [row("links", f"Grafana {title}", f"{base}/d/{uid}") for title, uid in DASHBOARDS.items()]
+
+
+def spec_rows(spec: WorkloadSpec) -> list[dict[str, str]]:
+    load = spec.load
+    level, unit = LOAD_LEVEL[load.mode]
+    return [row("spec", figure, value) for figure, value in (
+        ("scenario", spec.scenario), ("mode", load.mode), ("endpoint", spec.endpoint),
+        ("input tokens", spec.input_tokens), ("output tokens", spec.output_tokens),
+        (f"{level} ({unit})", getattr(load, level)), ("stream", str(spec.stream).lower()))]

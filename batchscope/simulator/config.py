@@ -1,0 +1,158 @@
+"""The simulator's serving configuration (the `vllm serve` flags it honours) and engine construction."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from batchscope.simulator.cost import StepCostModel
+from batchscope.simulator.engine import EngineCore, SchedulerLimits
+from batchscope.simulator.frontend import FrontEnd
+from batchscope.simulator.memory import KvCachePlan, plan_kv_cache
+from batchscope.simulator.profile import CPU_BLOCK_MULTIPLE, DEFAULT_BLOCK_SIZE, Profile, load_profile
+from batchscope.validation import first_error
+
+BlockSize = Literal[1, 8, 16, 32, 64, 128]
+
+
+class ServeConfig(BaseModel):
+    """Flags of `batchscope sim serve`; names and defaults mirror `vllm serve` (the seed's baseline)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="Model name or path, as given to `vllm serve`.")
+    served_model_name: str | None = Field(None, description="Name the API reports; defaults to model.")
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to listen on (0 picks a free one).")
+    max_num_seqs: int = Field(128, gt=0, description="Maximum number of sequences per iteration.")
+    max_num_batched_tokens: int = Field(2048, gt=0, description="Maximum number of tokens per iteration.")
+    gpu_memory_utilization: float = Field(
+        0.92, description="Fraction of GPU memory for weights, activations and KV cache, in (0, 1]."
+    )
+    max_model_len: int | None = Field(None, gt=0, description="Prompt + output limit; defaults to the profile's.")
+    vocab_size: int | None = Field(None, gt=0, description="Simulator only: the model's vocabulary (prompt ids "
+                                   "must be below it); defaults to the profile's.")
+    num_gpu_blocks_override: int | None = Field(
+        None, gt=0, description="KV blocks to use instead of what memory allows (vLLM's flag: a fixed cache size).")
+    block_size: BlockSize | None = Field(
+        None, description="Tokens per KV cache block; default: the profile's device's (16 on CUDA, 128 on CPU)."
+    )
+    enable_prefix_caching: bool = Field(True, description="Automatic prefix caching, on by default as in vLLM V1.")
+    # SecretStr: a repr, a dump or a log line of the config shows the key as stars, never its value
+    api_key: SecretStr | None = Field(None, description="If set, /v1 routes require 'Authorization: Bearer <key>'.")
+    seed: int = Field(0, ge=0, description="Seed for EOS draws, output tokens and fault injection.")
+    profile: str = Field("h100-llama-3.1-8b", description="Built-in profile name or a profile YAML file.")
+    ground_truth_log: str | None = Field(None, description="JSONL file: per-request server-side timestamps.")
+    fault_error_rate: float = Field(0.0, ge=0, le=1, description="Fraction of requests answered with HTTP 500.")
+    fault_cut_rate: float = Field(0.0, ge=0, le=1, description="Fraction of streams cut half-way, no [DONE].")
+    fault_stall_rate: float = Field(0.0, ge=0, le=1, description="Fraction of requests held before responding.")
+    fault_stall_s: float = Field(0.0, ge=0, description="How long a stalled request is held, seconds.")
+    fault_engine_stall_after_s: float | None = Field(
+        None, ge=0, description="Seconds after start-up when the engine core stops stepping (a hung engine: requests "
+                                "stay running and waiting, no token is generated); unset: never.")
+    fault_engine_stall_s: float = Field(0.0, ge=0, description="How long the engine core stays stopped, seconds.")
+    fault_stream_event_cpu_s: float = Field(
+        0.0, ge=0, le=1, description="CPU time the API server spends on each stream event (one step's new tokens "
+                                     "for one stream, one write), real busy work as a slow detokenizer or output "
+                                     "processor costs, seconds; 0: none.")
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _check_utilization(cls, value: float) -> float:
+        if not 0 < value <= 1:
+            raise ValueError(f"must be in (0, 1], got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> ServeConfig:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or equal to "
+                f"max_num_seqs ({self.max_num_seqs})."
+            )
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+
+def flag_name(field: str) -> str:
+    """The command-line flag of a ServeConfig field (MODEL is positional)."""
+    return field if field == "model" else "--" + field.replace("_", "-")
+
+
+def validation_message(exc: ValidationError) -> str:
+    """One line naming the first bad flag and what it allows."""
+    flag, message, _ = first_error(exc, field_name=flag_name)
+    return f"{flag}: {message}" if flag else message  # model-level messages name their fields
+
+
+class Deployment:
+    """A validated config resolved against its profile: the KV plan and a fresh engine core."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        _check_ground_truth_log(config.ground_truth_log)
+        self.profile: Profile = load_profile(config.profile)
+        self.block_size = _block_size(config.block_size, self.profile)
+        self.max_model_len = config.max_model_len or self.profile.max_model_len
+        self.vocab_size = config.vocab_size or self.profile.vocab_size
+        if self.max_model_len > self.profile.max_model_len:
+            raise ValueError(
+                f"--max-model-len: {self.max_model_len} is greater than the derived max_model_len "
+                f"({self.profile.max_model_len}) of profile {self.profile.name}"
+            )
+        self.kv_plan: KvCachePlan = plan_kv_cache(
+            self.profile,
+            config.gpu_memory_utilization,
+            config.max_num_batched_tokens,
+            self.block_size,
+            self.max_model_len,
+            config.num_gpu_blocks_override,
+        )
+
+    def limits(self) -> SchedulerLimits:
+        return SchedulerLimits(
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            num_gpu_blocks=self.kv_plan.num_gpu_blocks,
+        )
+
+    def new_engine(self, cost: StepCostModel | None = None) -> EngineCore:
+        """An engine of this deployment; ``cost`` replaces the profile's step cost model (the tuner's what-if
+        adds seeded step-time noise to it)."""
+        return EngineCore(self.limits(), cost or StepCostModel(self.profile), self.profile.eos_probability,
+                          seed=self.config.seed, enable_prefix_caching=self.config.enable_prefix_caching,
+                          frontend=FrontEnd.of(self.profile))
+
+
+def _block_size(requested: int | None, profile: Profile) -> int:
+    """The flag's block size, else the device's default, as vLLM picks it; the CPU build's refusal as one line."""
+    size = DEFAULT_BLOCK_SIZE[profile.device] if requested is None else requested
+    if profile.device == "cpu" and size % CPU_BLOCK_MULTIPLE:
+        allowed = ", ".join(str(s) for s in typing.get_args(BlockSize) if s % CPU_BLOCK_MULTIPLE == 0)
+        raise ValueError(f"--block-size: {size} is not allowed on profile {profile.name}'s cpu device: vLLM's CPU "
+                         f"attention takes multiples of {CPU_BLOCK_MULTIPLE} only ({allowed})")
+    return size
+
+
+def _check_ground_truth_log(path: str | None) -> None:
+    """Fail at start-up, not at the first request, when the log cannot be created where asked."""
+    if path is None:
+        return
+    file = Path(path)
+    if file.is_dir():
+        raise ValueError(f"--ground-truth-log: {path} is a directory, not a file")
+    if not file.parent.is_dir():
+        raise ValueError(f"--ground-truth-log: folder {file.parent} does not exist")
+    try:
+        with open(file, "a"):  # appended to at every request: it must be writable now
+            pass
+    except OSError as exc:
+        raise ValueError(f"--ground-truth-log: cannot write {path} ({exc.strerror})") from None

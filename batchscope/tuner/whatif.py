@@ -1,0 +1,289 @@
+"""What-if runs: one setting of a plan on the simulator's virtual clock, as a RunResult like a real run's.
+
+Same workload as the real-time run (``Plan.run_spec()``: warm-up, window, load mode and level, lengths, seed +
+repeat, and the prompts' token ids in the load generator's layout, so shared prefixes hit the prefix cache as
+they do in a real run), same engine as `batchscope sim serve` (the plan's simulator profile; for the command and
+docker backends their backend.profile, a `batchscope sim calibrate` file, else the default h100 one), but stepped
+from event to event instead of in real time: a one-minute window takes a fraction of a second.
+
+The client figures are the load generator's own, with the virtual times for the client's: each virtual record
+becomes a load generator record (loadgen.request.timed_elsewhere: TTFT, E2E and TPOT by its rules), folded
+through its figures (batchscope/loadgen/figures.py) in its window (batchscope/loadgen/window.py: [warm-up, warm-up +
+window], offline to the last request's end; a request counts when it ended in it). Two figures differ from a real run's:
+output tokens/s counts the engine's tokens delivered in the window (those of the requests cut at the stop too, which
+leave no record), and ITL is exact (ExactGaps: every gap pooled, not a sketch). At the stop, requests in flight
+are cut, as the load generator aborts them; they count in no figure.
+Server signals are the engine's own statistics over the same window: counter deltas and histogram means from a
+snapshot taken before the first step that delivers in the window, and time-weighted KV usage and queue sizes.
+The virtual clock has no noise of its own, so closed-loop and offline repeats would be identical and their spread
+would say nothing. Each run's steps therefore take the profile's cost times a seeded lognormal factor of mean 1
+and coefficient of variation STEP_JITTER_CV, drawn per step from (the simulator seed, the setting, the repeat):
+repeats differ by that seed and, with Poisson load, by their arrivals (seed + repeat); prompts are the plan's, as
+in every real-time repeat. The noise is an assumption (no profile measures a GPU's step-time variance), so a
+what-if repeat's spread is the model's, not a real server's run-to-run variance: the report says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import ValidationError
+
+from batchscope import poisson
+from batchscope.loadgen.figures import RunFigures, counted
+from batchscope.loadgen.prompts import draw_prompt
+from batchscope.loadgen.request import RequestRecord, timed_elsewhere
+from batchscope.loadgen.sketch import ExactGaps
+from batchscope.loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
+from batchscope.loadgen.summary import latencies
+from batchscope.loadgen.window import MeasurementWindow, final_window
+from batchscope.prompt_layout import ID_HIGH, ID_LOW, id_range, prompt_ids
+from batchscope.secrets import mask_argv
+from batchscope.simulator.config import Deployment, ServeConfig, validation_message
+from batchscope.simulator.cost import StepCostModel
+from batchscope.simulator.engine import EngineCore, Step
+from batchscope.simulator.profile import Profile
+from batchscope.simulator.responses import VLLM_VERSION
+from batchscope.simulator.stats import EngineStats
+from batchscope.simulator.virtual import (
+    ClosedLoop,
+    FixedArrivals,
+    PromptIds,
+    RequestSpec,
+    StepObserver,
+    TimedResult,
+    run_timed,
+)
+from batchscope.simulator.virtual import RequestRecord as VirtualRecord
+from batchscope.tuner.plan import Plan, ServingParams, SimulatorBackend, Slos
+from batchscope.tuner.results import (
+    ClientFigures,
+    RequestSamples,
+    RunResult,
+    RunStart,
+    ServerReport,
+    ServerSignals,
+    hit_rate,
+    now_iso,
+)
+from batchscope.tuner.signals import good_count, samples_of
+
+DEFAULT_PROFILE = SimulatorBackend().profile
+# Step-time noise of a what-if run: the standard deviation of a step's duration over its mean (see the docstring).
+STEP_JITTER_CV = 0.03
+
+
+class JitteredCost(StepCostModel):
+    """The profile's step cost times a seeded lognormal factor of mean 1 and CV STEP_JITTER_CV, one per step."""
+
+    SIGMA = math.sqrt(math.log1p(STEP_JITTER_CV ** 2))
+
+    def __init__(self, profile: Profile, rng: np.random.Generator):
+        super().__init__(profile)
+        self._rng = rng
+
+    def step_seconds(self, new_tokens: np.ndarray, context: np.ndarray) -> float:
+        factor = self._rng.lognormal(-self.SIGMA ** 2 / 2, self.SIGMA)  # mean exp(mu + sigma^2 / 2) = 1
+        return super().step_seconds(new_tokens, context) * float(factor)
+
+
+def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int,
+                on_step: StepObserver | None = None) -> RunResult:
+    """Run one setting of ``plan`` on the virtual clock; a configuration the simulator refuses is a failed run.
+    ``on_step`` sees every step too (run_timed's observer), after the window's own."""
+    spec = plan.run_spec()
+    started = now_iso()
+    profile, seed = _profile_and_seed(plan)
+    command = mask_argv(["batchscope", "sim", "serve", params.model, *params.flags(), "--profile", profile,
+                         "--seed", str(seed)])
+    base = RunStart(plan=plan.name, setting=setting, repeat=repeat, mode="what-if", params=params, conditions=spec,
+                    command_line=command, started_at=started)
+    try:
+        deployment = _deployment(params, profile, seed)
+    except ValueError as exc:  # ValidationError is a ValueError too
+        line = validation_message(exc) if isinstance(exc, ValidationError) else str(exc)
+        return RunResult(**base, finished_at=now_iso(), status="failed", failure=f"server refused: {line}")
+    base["reported"] = _reported(deployment)
+    too_long = spec.input_tokens + spec.output_tokens > deployment.max_model_len
+    if too_long:
+        # vLLM answers 400 to every request, and the load generator's run fails with that answer
+        return RunResult(**base, finished_at=now_iso(), status="failed",
+                         failure=f"every request is rejected: input_tokens + output_tokens = "
+                                 f"{spec.input_tokens + spec.output_tokens} > max_model_len {deployment.max_model_len}")
+    engine = deployment.new_engine(JitteredCost(deployment.profile, step_noise(seed, setting, repeat)))
+    stats = WindowStats(start=spec.warmup_s)
+    run = simulate(spec, engine, repeat, on_step=stats.observe if on_step is None else _both(stats.observe, on_step),
+                   vocab_size=deployment.vocab_size)
+    # the load generator's window on the virtual clock: the run started at 0 and stopped at its end
+    window = final_window(spec, 0.0, run.duration, [record.finished for record in run.records])
+    stats.close(engine, window.end_s)
+    server = stats.signals(deployment.kv_plan.kv_cache_tokens)
+    client, samples = client_figures(run, window, server.generation_tokens, plan.slos)
+    failure = None if client.completed else "no request completed in the measurement window"
+    return RunResult(**base, finished_at=now_iso(), status="failed" if failure else "ok", failure=failure,
+                     client=client, server=server, samples=samples)
+
+
+def simulate(spec: WorkloadSpec, engine: EngineCore, repeat: int, on_step: StepObserver | None = None,
+             vocab_size: int = ID_HIGH) -> TimedResult:
+    """The load generator's run of ``spec`` (one sender) on ``engine``'s virtual clock, its prompts included, on a
+    model of ``vocab_size`` tokens."""
+    return run_timed(engine, _source(spec, repeat), _stop(spec), max_in_flight=_cap(spec), on_step=on_step,
+                     prompts=prompt_source(spec, vocab_size))
+
+
+def step_noise(seed: int, setting: str, repeat: int) -> np.random.Generator:
+    """The stream of one run's step-time noise: its own per setting and repeat, the same on every rerun."""
+    return np.random.default_rng([seed, zlib.crc32(setting.encode()), repeat])
+
+
+def _both(first: StepObserver, second: StepObserver) -> StepObserver:
+    def observe(engine: EngineCore, step: Step) -> None:
+        first(engine, step)
+        second(engine, step)
+
+    return observe
+
+
+def prompt_source(spec: WorkloadSpec, vocab_size: int = ID_HIGH) -> PromptIds:
+    """The prompt ids of the load generator's requests (one sender): its shared prefixes and unique parts, drawn
+    from the spec's seed as it draws them, completions' from the ids its probe finds on a model of ``vocab_size``
+    tokens. A chat run's words become ids in the same layout; its prompts share what its completions would (the
+    chat template's opening aside: 5 tokens on the simulator, below a block)."""
+    ids = id_range(vocab_size) if spec.endpoint == "completions" else (ID_LOW, ID_HIGH)
+    prefixes, unique = draw_prompt(spec, np.random.default_rng(spec.seed), ids)
+    return functools.partial(prompt_ids, prefixes, unique, ids=ids)
+
+
+def _profile_and_seed(plan: Plan) -> tuple[str, int]:
+    backend = plan.backend
+    if isinstance(backend, SimulatorBackend):
+        return backend.profile, backend.seed
+    # a real server's plan previews with its calibrated profile when it names one
+    return backend.profile or DEFAULT_PROFILE, 0
+
+
+def _deployment(params: ServingParams, profile: str, seed: int) -> Deployment:
+    # extra_flags are vLLM flags the simulator has no model of; they are the same in every run of a plan
+    # a knob left unset takes the simulator's default, which is vLLM's, as in a real-time run
+    knobs = {name: value for name, value in params.knobs().items() if value is not None}
+    return Deployment(ServeConfig(model=params.model, profile=profile, seed=seed, **knobs))
+
+
+def _reported(deployment: Deployment) -> ServerReport:
+    """What the simulated server would report choosing (its cache_config_info, /version and /v1/models)."""
+    plan = deployment.kv_plan
+    return ServerReport(vllm_version=VLLM_VERSION, block_size=plan.block_size, num_gpu_blocks=plan.num_gpu_blocks,
+                        gpu_memory_utilization=deployment.config.gpu_memory_utilization,
+                        max_model_len=deployment.max_model_len, kv_capacity_tokens=plan.kv_cache_tokens)
+
+
+def _source(spec: WorkloadSpec, repeat: int) -> ClosedLoop | FixedArrivals:
+    load, lengths = spec.load, (spec.input_tokens, spec.output_tokens)
+    if isinstance(load, ConcurrencyLoad):
+        return ClosedLoop(load.concurrency, *lengths, ramp_up_s=load.ramp_up_s, issue_until=_stop(spec))
+    if isinstance(load, OfflineLoad):
+        return FixedArrivals([RequestSpec(0.0, *lengths) for _ in range(load.requests)])
+    arrivals = poisson.before(_stop(spec), load.rate, spec.seed + repeat)  # the load generator's one sender's
+    return FixedArrivals([RequestSpec(t, *lengths) for t in arrivals.tolist()])
+
+
+def _stop(spec: WorkloadSpec) -> float:
+    # offline ends when its last request does; the others stop at the end of the window
+    return math.inf if isinstance(spec.load, OfflineLoad) else spec.warmup_s + spec.duration_s
+
+
+def _cap(spec: WorkloadSpec) -> int | None:
+    return spec.load.max_in_flight if isinstance(spec.load, PoissonLoad) else None
+
+
+@dataclass
+class WindowStats:
+    """The server's side of the window: a stats snapshot at its start and time-weighted samples within it."""
+
+    start: float
+    end: float = math.inf
+    before: dict[str, float] | None = None
+    max_waiting: int = 0
+    max_running: int = 0
+    kv_peak: float = 0.0
+    kv_area: float = 0.0
+    after: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, engine: EngineCore, step: Step) -> None:
+        """Called with each step as scheduled, before its results apply (run_timed's on_step)."""
+        if self.before is None and step.end >= self.start:
+            self.before = snapshot(engine.stats)  # this step delivers in the window: count from here
+        if step.end < self.start:
+            return
+        overlap = min(step.end, self.end) - max(step.start, self.start)
+        self.max_waiting = max(self.max_waiting, engine.num_waiting)
+        self.max_running = max(self.max_running, engine.num_running)
+        self.kv_peak = max(self.kv_peak, engine.kv_cache_usage)
+        self.kv_area += engine.kv_cache_usage * overlap  # idle time between steps holds no KV
+
+    def close(self, engine: EngineCore, end: float) -> None:
+        self.end = end
+        self.after = snapshot(engine.stats)
+
+    def signals(self, kv_capacity_tokens: int) -> ServerSignals:
+        before = self.after if self.before is None else self.before  # no step delivered in the window: no change
+        delta = {name: self.after[name] - before[name] for name in self.after}
+
+        def mean(name: str) -> float | None:
+            count = delta[f"{name}_count"]
+            return delta[f"{name}_sum"] / count if count else None
+
+        return ServerSignals(
+            preemptions=delta["preemptions"], prompt_tokens=delta["prompt_tokens"],
+            generation_tokens=delta["generation_tokens"], requests_finished=delta["finished"],
+            queue_time_mean_s=mean("queue"), prefill_time_mean_s=mean("prefill"), decode_time_mean_s=mean("decode"),
+            tokens_per_step_mean=mean("step_tokens"), max_waiting=self.max_waiting, max_running=self.max_running,
+            kv_usage_peak=self.kv_peak, kv_usage_mean=self.kv_area / max(self.end - self.start, 1e-9),
+            kv_capacity_tokens=kv_capacity_tokens, prefix_cache_queries=delta["prefix_queries"],
+            prefix_cache_hits=delta["prefix_hits"],
+            prefix_cache_hit_rate=hit_rate(delta["prefix_queries"], delta["prefix_hits"]))
+
+
+def snapshot(stats: EngineStats) -> dict[str, float]:
+    """The counters and histogram sums/counts the window's signals are deltas of."""
+    values: dict[str, float] = {"preemptions": stats.num_preemptions, "prompt_tokens": stats.prompt_tokens,
+              "generation_tokens": stats.generation_tokens,
+              "finished": sum(n for reason, n in stats.request_success.items() if reason != "abort"),
+              "prefix_queries": stats.prefix_cache_queries, "prefix_hits": stats.prefix_cache_hits}
+    for name, histogram in (("queue", stats.request_queue_time), ("prefill", stats.request_prefill_time),
+                            ("decode", stats.request_decode_time), ("step_tokens", stats.iteration_tokens)):
+        values[f"{name}_sum"], values[f"{name}_count"] = histogram.sum, histogram.count
+    return values
+
+
+def client_figures(run: TimedResult, window: MeasurementWindow, output_tokens: float, slos: Slos
+                   ) -> tuple[ClientFigures, RequestSamples]:
+    """The virtual records folded through the load generator's figures (batchscope/loadgen/figures.py) as a real run's
+    are, every ITL gap kept (ExactGaps: the records are in memory anyway).
+
+    ``output_tokens``: tokens delivered in the window, cut requests' included (the engine's count); goodput counts
+    the requests whose own TTFT and TPOT met ``slos`` (Slos.count_met, as a real run's).
+    """
+    records = [as_measured(record, run.gaps.get(record.index)) for record in run.records]
+    figures = RunFigures(itl=ExactGaps())
+    for record in records:
+        figures.add(record, window)
+    window_records = [record for record in records if counted(record, window)]
+    duration = window.duration_s
+    good = good_count(window_records, slos)
+    client = ClientFigures(
+        **latencies(figures), completion_throughput_rps=figures.completed / duration,
+        output_tokens_per_s=output_tokens / duration, completed=figures.completed,
+        errors=sum(figures.failed.values()), window_s=duration, good_completed=good, goodput_rps=good / duration)
+    return client, samples_of(window_records)
+
+
+def as_measured(record: VirtualRecord, gaps: np.ndarray | None) -> RequestRecord:
+    """A virtual request as the load generator records a measured one, sent at its arrival; ``gaps``: its ITL."""
+    return timed_elsewhere(str(record.index), record.arrival, record.first_token, record.finished,
+                           [] if gaps is None else gaps.tolist(), record.prompt_tokens, record.output_tokens)
