@@ -1,15 +1,16 @@
 """`batchscope sim calibrate --url URL`: probe a running vLLM and write a simulator profile fitted to it.
 
 The probe (``design``): a warm-up, then closed-loop phases chosen to separate the cost model's terms —
-- one user at three prompt lengths (up to one step's worth, so each prefill is one step): the prefill cost per
-  token and per attention pair, and the decode step of a single request;
-- short prompts and 64-token outputs at 2, half of max_num_seqs and max_num_seqs users: the decode step against
+- one user at three prompt lengths (up to one step's worth, so each prefill is one step) and 8-token outputs:
+  the prefill cost per token and per attention pair (their ITL is not fitted: see ``fitted_figures``);
+- short prompts and 256-token outputs at 1, half of max_num_seqs and max_num_seqs users: the decode step against
   the batch size (per-request cost, matmul rate);
 - max_num_seqs users on half-length prompts: the decode step against context (KV bytes read);
 - the first single-user phase again, last: how much the server's timing moved during the probe (the noise rule).
 Each phase is a `batchscope load` run (a subprocess, so the load generator's client does the timing). vLLM's
-own histograms (prefill time, inter-token latency, queue time) are read from /metrics before and after each
-phase, the server idle in between; the client's TTFT gives the front end's cost (TTFT outside queue and prefill).
+own histograms (prefill time, inter-token latency per decoded token, queue time) are read from /metrics before
+and after each phase, the server idle in between; the client's TTFT gives the front end's cost (TTFT outside
+queue and prefill, at 8-token outputs).
 
 The fit is calibrate_fit's. A probe is refused, in one line and with nothing written, when the server is
 unreachable or not vLLM, when the repeated phase moved more than the noise limit (--noise-limit, default 15%: the
@@ -37,12 +38,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.bounded_read import METRICS_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
 from batchscope.simulator.calibrate_fit import (
+    PREFILL_OUTPUT,
     ModelFacts,
     Observation,
     Phase,
     PhaseSteps,
     Theta,
     fit,
+    fitted_figures,
     nnls,
     phase_steps,
     predicted,
@@ -54,8 +57,7 @@ from batchscope.simulator.profile import Calibration, Profile, Residual
 NOISE_LIMIT = 0.15  # default of both judges: the repeated phase's move, the RMS of the fit's relative errors
 MIN_PHASE_S = 2.0
 REPLAY_ROUNDS = 6  # fit, replay the phases with the fit's step times, fit again: until the terms move < 0.5%
-DECODE_OUTPUT = 64
-PREFILL_OUTPUT = 8
+DECODE_OUTPUT = 256  # long, as served requests are: a step among short requests pays their API-server work
 HTTP_TIMEOUT_S = 10.0
 _SESSION = requests.Session()  # one connection to the probed server across the phases' reads
 IDLE_DEADLINE_S = 60.0
@@ -188,7 +190,7 @@ def design(server: Server, budget_s: float) -> list[Phase]:
     shapes = [(seqs, short, decode_output),  # warm-up
               (1, longest // 2, PREFILL_OUTPUT), (1, max(16, longest // 8), PREFILL_OUTPUT),
               (1, longest, PREFILL_OUTPUT),
-              (min(2, seqs), short, decode_output), (max(1, seqs // 2), short, decode_output),
+              (1, short, decode_output), (max(1, seqs // 2), short, decode_output),
               (seqs, short, decode_output), (long_users, long_prompt, decode_output),
               (1, longest // 2, PREFILL_OUTPUT)]
     each = max(MIN_PHASE_S, budget_s / len(shapes))
@@ -227,13 +229,22 @@ def run_phase(server: Server, phase: Phase, workdir: Path, seed: int) -> Measure
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise CalibrationError(f"probe phase {phase.name}: batchscope load failed ({last})")
     wait_idle(server.url)
-    after = sample_sums(_get(server.url, "/metrics").text)
-    means = {}
-    for figure, name in FIGURES.items():
-        count = after.get(name + "_count", 0.0) - before.get(name + "_count", 0.0)
-        means[figure] = (after[name + "_sum"] - before[name + "_sum"]) / count if count > 0 else None
+    means = phase_means(before, sample_sums(_get(server.url, "/metrics").text))
     summary = json.loads((out / "summary.json").read_text())
     return Measured(phase, means, summary["ttft"]["mean"])
+
+
+def phase_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """A phase's means from /metrics read before and after it (``sample_sums``); the ITL per decoded token, not per
+    observation: vLLM observes one per output message, and its engine core sends the tokens of several steps in
+    one message when it falls behind (1.05-1.6 steps a message on the CPU build here)."""
+    delta = {name: value - before.get(name, 0.0) for name, value in after.items()}
+    means = {figure: delta[name + "_sum"] / delta[name + "_count"] if delta.get(name + "_count", 0) > 0 else None
+             for figure, name in FIGURES.items()}
+    decoded = delta.get("vllm:generation_tokens_total", 0) - delta.get("vllm:time_to_first_token_seconds_count", 0)
+    if means["itl"] is not None and decoded > 0:
+        means["itl"] = delta[FIGURES["itl"] + "_sum"] / decoded
+    return means
 
 
 def sample_sums(text: str) -> dict[str, float]:
@@ -284,7 +295,7 @@ def fit_frontend(measured: list[Measured]) -> tuple[float, float]:
     and prefill times, against prompt length."""
     rows, gaps = [], []
     for m in measured:
-        if m.phase.users == 1 and m.client_ttft_s is not None and m.means["prefill"] is not None:
+        if m.phase.output == PREFILL_OUTPUT and m.client_ttft_s is not None and m.means["prefill"] is not None:
             rows.append([1.0, float(m.phase.prompt)])
             gaps.append(m.client_ttft_s - m.means["prefill"] - (m.means["queue"] or 0.0))
     if not rows:
@@ -355,9 +366,7 @@ def observe(measured: list[Measured], profile: Profile, server: Server) -> list[
     observations = []
     for m in measured:
         steps: PhaseSteps = phase_steps(m.phase, profile, server.limits(), server.enable_prefix_caching)
-        # a prefill time with many users depends on which requests share its step, which the replay cannot
-        # know: their ITL (every step's cost, whatever the alignment) is fitted instead
-        for figure in ("prefill", "itl") if m.phase.users == 1 else ("itl",):
+        for figure in fitted_figures(m.phase):
             value = m.means[figure]
             if value and steps.mean(steps.batch[:, 0], figure) is not None:
                 observations.append(Observation(m.phase.name, figure, value, steps))
