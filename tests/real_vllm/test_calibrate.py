@@ -10,12 +10,26 @@ those two runs is this machine's timing noise at one setting. It is separated fr
 - the throughput preview's error (predicted / measured - 1) must be within the goal (15%) plus twice that noise;
 - a knob's direction is asserted for every figure the real runs moved by more than twice the noise (preemptions:
   counts, always), and must be the preview's too.
-The figures found are printed (pytest -s). On the shared 2-core machine this was written on, the noise alone was
-9-167% over three runs (TTFT worst: the API server's stalls under CPU contention), so the 15% goal is not
-testable here. Only throughput is held to the bound: the previews' mean TTFT and TPOT missed by far more (last
-run: TTFT -88% / +28% / -91% / +11%, TPOT +30% / +193% / +98% / +69% for baseline, mns-2, mnbt-64, kv-10),
-because the probe's single-user phases measured slower steps (5-10 ms ITL) than the later runs saw (1-2.6 ms), and
-the real TTFT (150 ms at 4 users of 256 tokens) is mostly the API server's delivery, not the engine's prefill.
+Each real run also reads vLLM's own means over it (TTFT, time per output token: the engine's side), the share of
+requests whose tokens all reached the client in one read ("stalled"), and the client's mean requests in flight
+over the window; a run that kept under 90% of its users in flight is run once more, and must not do so twice.
+The figures are printed (pytest -s). What they showed on this shared 2-core machine (issue 23's runs):
+- vLLM's API server starves under CPU contention. Its event loop stops serving the other connections while one
+  request's outputs keep coming: /metrics took up to 2 s to answer, the engine ran 1 request while 4 users were
+  on, the users' responses ended (or started) only when the loop came back, so 1.0-2.9 of 4 users were in flight
+  in most held-out runs (3.3-3.9 in the baseline's) while other work held the load average at 4-10. Such a run
+  measures the API server, not vLLM's scheduling: the in-flight test fails, naming it; no preview can match it.
+- The same starvation holds back all of a request's tokens until its end (up to 68% of requests): the client's
+  TTFT is then the request's E2E and its TPOT 0, so the client's mean TTFT and TPOT are a mixture set by the
+  stall share (0.09-0.94 s TTFT for the same workload). They are printed, not held to a bound; vLLM's own TTFT and
+  TPOT are printed beside them.
+- Where the users stayed in flight (the baseline twice, max_num_seqs 2 once) the engine's figures were closer:
+  TPOT -9%, +17% (baseline), +9% (mns-2); engine TTFT -29%, +21% (baseline), +58% (mns-2: queueing);
+  throughput -0.2%, +31%, +33%. Queueing is over-predicted (kv-10's engine TTFT by 3-10x in starved runs too)
+  because real users spend 45-230 ms per 256-token request outside vLLM (the client's E2E past vLLM's own), which
+  the simulator's fixed front-end delays do not hold. Preemptions: 13/13, 10/12, 14/8, 20/8 predicted/measured.
+- The baseline's two runs moved 2-35% (throughput), 2-29% (engine TTFT), 10-32% (engine TPOT).
+So only throughput is held to the bound, and the 15% goal is not testable on this host.
 """
 
 from __future__ import annotations
@@ -28,15 +42,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
+from batchscope.simulator.calibrate import sample_sums, wait_idle
+from batchscope.simulator.frontend import FrontEnd
 from batchscope.simulator.profile import load_profile
 from batchscope.tuner.plan import Plan
 from batchscope.tuner.whatif import run_what_if
 from tests.real_vllm.support import VllmServer, tier
 
-# the calibration (~27 s of load + 9 load generator starts), five real runs and three vLLM starts: ~3-5 min here
-# ~6 min on 2 cores: left out of `make test` (CI's budget) until issue 23's fit holds; `make test-calibration`
+# the calibration (~27 s of load + 9 load generator starts), five real runs (a starved one twice) and three vLLM
+# starts: ~4-4.5 min here; left out of `make test` (CI's budget) until issue 23's fit holds; `make test-calibration`
 pytestmark = [pytest.mark.timeout(900), pytest.mark.calibration]
 BUDGET_S = 27
 # the shared 2-core CI machine's timing: the probe's repeated phase moved 18%, 41% and 48% in three probes here,
@@ -47,9 +62,14 @@ WORKLOAD = {"input_tokens": 256, "output_tokens": 256, "timeout_s": 60, "seed": 
             "load": {"mode": "concurrency", "concurrency": 4, "ramp_up_s": 0.4}}
 HELD_OUT = {"mns-2": {"max_num_seqs": 2}, "mnbt-64": {"max_num_batched_tokens": 64},
             "kv-10": {"num_gpu_blocks_override": 10}}
-FIGURES = ("ttft", "tpot", "throughput")
+FIGURES = ("ttft", "tpot", "throughput")  # the client's means (the load generator's summary)
+ENGINE = {"engine_ttft": "vllm:time_to_first_token_seconds",  # vLLM's own means over the same run
+          "engine_tpot": "vllm:request_time_per_output_token_seconds"}
+SHOWN = FIGURES + tuple(ENGINE)
+ASSERTED = ("throughput",)  # held to the goal plus the noise; the others are printed (see the docstring)
+HELD = 0.9  # of the users' requests in flight over the window, at least, for a run to measure vLLM
 # what each knob must move, and which way (+1 up, -1 down), in the preview as in the real runs
-DIRECTIONS = {"mns-2": {"ttft": +1, "throughput": -1}, "mnbt-64": {"ttft": +1},
+DIRECTIONS = {"mns-2": {"engine_ttft": +1, "throughput": -1}, "mnbt-64": {"engine_ttft": +1},
               "kv-10": {"preemptions": +1, "throughput": -1}}
 
 
@@ -69,9 +89,11 @@ def calibrate(url: str, out: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def preemptions(server: VllmServer) -> float:
-    return sum(sample.value for family in text_string_to_metric_families(server.metrics())
-               for sample in family.samples if sample.name == "vllm:num_preemptions_total")
+def engine_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """vLLM's own means over a run (its histograms' deltas) and its preemptions."""
+    means = {figure: (after[name + "_sum"] - before[name + "_sum"]) / (after[name + "_count"] - before[name + "_count"])
+             for figure, name in ENGINE.items()}
+    return {**means, "preemptions": after["vllm:num_preemptions_total"] - before["vllm:num_preemptions_total"]}
 
 
 def real_run(server: VllmServer, the_plan: Plan, workdir: Path, seed: int) -> dict[str, float]:
@@ -79,23 +101,49 @@ def real_run(server: VllmServer, the_plan: Plan, workdir: Path, seed: int) -> di
     spec = the_plan.run_spec().model_copy(update={"seed": seed})
     spec_path = workdir / f"spec-{seed}-{server.port}.yaml"
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude={"api_key"})))
-    before = preemptions(server)
+    before = sample_sums(server.metrics())
     out = workdir / f"load-{seed}-{server.port}"
     done = subprocess.run([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec_path), "--host",
                            server.url, "--out", str(out), "--metrics-port", "0"], capture_output=True, text=True,
                           timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
+    wait_idle(server.url)
     summary = json.loads((out / "summary.json").read_text())
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    # the API server's delivery stall: every token of a request reaching the client in one read
+    stalled = [r for r in records if r.get("outcome") == "ok" and r["itl_s"] and not any(r["itl_s"])]
     return {"ttft": summary["ttft"]["mean"], "tpot": summary["tpot"]["mean"],
-            "throughput": summary["output_tokens_per_s"], "preemptions": preemptions(server) - before}
+            "throughput": summary["output_tokens_per_s"], "stalled": len(stalled) / max(1, len(records)),
+            "in_flight": in_flight(records, summary["window_start_s"], summary["effective_duration_s"]),
+            **engine_means(before, sample_sums(server.metrics()))}
+
+
+def held_run(server: VllmServer, the_plan: Plan, workdir: Path, seed: int) -> dict[str, float]:
+    """``real_run``, run again (once, fresh prompts) when the client did not keep its users' requests in flight:
+    such a run measured the client and the API server, not vLLM's scheduling (see the docstring)."""
+    run = real_run(server, the_plan, workdir, seed)
+    if run["in_flight"] < HELD * WORKLOAD["load"]["concurrency"]:
+        run = {**real_run(server, the_plan, workdir, seed + 100), "retried": 1.0}
+    return run
+
+
+def in_flight(records: list[dict], start: float, duration: float) -> float:
+    """The client's mean requests in flight over the window (sent to end): a closed loop holds its users'."""
+    end = start + duration
+    return sum(max(0.0, min(r.get("end_s") or end, end) - max(r["sent_s"], start)) for r in records
+               if r.get("sent_s")) / duration
 
 
 def preview(the_plan: Plan, setting: str) -> dict[str, float]:
     params = dict(the_plan.settings())[setting]
     run = run_what_if(the_plan, setting, params, 0)
     assert run.status == "ok", run.failure
+    frontend = FrontEnd.of(load_profile(str(the_plan.backend.profile)))
     return {"ttft": run.client.ttft.mean, "tpot": run.client.tpot.mean,
-            "throughput": run.client.output_tokens_per_s, "preemptions": run.server.preemptions}
+            "throughput": run.client.output_tokens_per_s, "preemptions": run.server.preemptions,
+            "engine_ttft": (run.server.queue_time_mean_s or 0.0) + (run.server.prefill_time_mean_s or 0.0)
+            + frontend.input_s(WORKLOAD["input_tokens"]),
+            "engine_tpot": (run.server.decode_time_mean_s or 0.0) / (WORKLOAD["output_tokens"] - 1)}
 
 
 @pytest.fixture(scope="module")
@@ -105,18 +153,18 @@ def compared(vllm, tmp_path_factory) -> dict:
     done = calibrate(vllm.url, profile)
     assert done.returncode == 0, done.stderr[-3000:]
     the_plan = plan(profile)
-    measured = {"baseline": real_run(vllm, the_plan, workdir, 9101)}
-    repeat = real_run(vllm, the_plan, workdir, 9102)
+    measured = {"baseline": held_run(vllm, the_plan, workdir, 9101)}
+    repeat = held_run(vllm, the_plan, workdir, 9102)
     for name, params in the_plan.settings():
         if name == "baseline":
             continue
         server = tier().start(workdir, *params.flags())
         try:
-            measured[name] = real_run(server, the_plan, workdir, 9103)
+            measured[name] = held_run(server, the_plan, workdir, 9103)
         finally:
             server.stop()
     noise = {f: abs(repeat[f] / measured["baseline"][f] - 1) if measured["baseline"][f] else math.inf
-             for f in FIGURES}
+             for f in SHOWN}
     predicted = {name: preview(the_plan, name) for name, _ in the_plan.settings()}
     result = {"profile": profile, "stderr": done.stderr, "measured": measured, "repeat": repeat,
               "predicted": predicted, "noise": noise}
@@ -128,9 +176,10 @@ def _print(result: dict) -> None:
     print("\nCPU noise (baseline run twice): " + ", ".join(f"{f} {v:.1%}" for f, v in result["noise"].items()))
     for name, real in result["measured"].items():
         guess = result["predicted"][name]
-        cells = [f"{f} {guess[f]:.4g}/{real[f]:.4g} ({_error(guess[f], real[f])})" for f in FIGURES]
+        cells = [f"{f} {guess[f]:.4g}/{real[f]:.4g} ({_error(guess[f], real[f])})" for f in SHOWN]
         print(f"{name:9s} predicted/measured: " + "; ".join(cells)
-              + f"; preemptions {guess['preemptions']:.0f}/{real['preemptions']:.0f}")
+              + f"; preemptions {guess['preemptions']:.0f}/{real['preemptions']:.0f}; stalled {real['stalled']:.0%}"
+              + f"; in flight {real['in_flight']:.2f}" + (" (run again)" if "retried" in real else ""))
 
 
 def _error(guess: float, real: float) -> str:
@@ -149,12 +198,14 @@ def test_calibrating_the_session_server_writes_a_profile_of_it(compared, vllm):
     assert "wrote" in compared["stderr"].splitlines()[-1]
 
 
+@pytest.mark.parametrize("figure", ASSERTED)
 @pytest.mark.parametrize("setting", ["baseline", *HELD_OUT])
-def test_the_throughput_preview_of_each_setting_is_within_the_goal_plus_the_measured_noise(compared, setting):
-    real, guess = compared["measured"][setting], compared["predicted"][setting]
-    assert all(real[f] > 0 for f in FIGURES), real
-    error, bound = guess["throughput"] / real["throughput"] - 1, GOAL + 2 * compared["noise"]["throughput"]
-    assert abs(error) <= bound, (error, bound)
+def test_the_preview_of_each_setting_is_within_the_goal_plus_the_measured_noise(compared, setting, figure):
+    real, guess = compared["measured"][setting][figure], compared["predicted"][setting][figure]
+    assert real > 0, compared["measured"][setting]
+    error, bound = guess / real - 1, GOAL + 2 * compared["noise"][figure]
+    assert abs(error) <= bound, f"{setting} {figure}: predicted {guess:.4g}, measured {real:.4g}: {error:+.0%}, " \
+                                f"bound {bound:.0%}"
 
 
 @pytest.mark.parametrize("setting", list(HELD_OUT))
@@ -168,3 +219,11 @@ def test_every_knob_moves_its_figures_the_way_the_real_runs_do(compared, setting
             continue  # the real runs moved it less than the machine's own noise: no direction to compare
         assert real_move * sign > 0, f"{setting}: the real runs did not move {figure} as expected ({real_move:+g})"
         assert guess_move * sign > 0, f"{setting}: the preview moved {figure} by {guess_move:+g}, real {real_move:+g}"
+
+
+
+@pytest.mark.parametrize("setting", ["baseline", *HELD_OUT])
+def test_each_real_run_kept_its_users_requests_in_flight(compared, setting):
+    held, users = compared["measured"][setting]["in_flight"], WORKLOAD["load"]["concurrency"]
+    assert held >= HELD * users, f"{setting}: {held:.2f} of {users} users' requests in flight over the window " \
+                                 f"(twice): vLLM's API server held them (docstring); no preview can be judged on it"
