@@ -3,7 +3,7 @@
 The probe (``design``): a warm-up, then closed-loop phases chosen to separate the cost model's terms —
 - one user at three prompt lengths (up to one step's worth, so each prefill is one step) and 8-token outputs:
   the prefill cost per token and per attention pair (their ITL is not fitted: see ``fitted_figures``);
-- short prompts and 256-token outputs at 1, half of max_num_seqs and max_num_seqs users: the decode step against
+- short prompts and 256-token outputs at 2, half of max_num_seqs and max_num_seqs users: the decode step against
   the batch size (per-request cost, matmul rate);
 - max_num_seqs users on half-length prompts: the decode step against context (KV bytes read);
 - the first single-user phase again, last: how much the server's timing moved during the probe (the noise rule).
@@ -190,7 +190,7 @@ def design(server: Server, budget_s: float) -> list[Phase]:
     shapes = [(seqs, short, decode_output),  # warm-up
               (1, longest // 2, PREFILL_OUTPUT), (1, max(16, longest // 8), PREFILL_OUTPUT),
               (1, longest, PREFILL_OUTPUT),
-              (1, short, decode_output), (max(1, seqs // 2), short, decode_output),
+              (min(2, seqs), short, decode_output), (max(1, seqs // 2), short, decode_output),
               (seqs, short, decode_output), (long_users, long_prompt, decode_output),
               (1, longest // 2, PREFILL_OUTPUT)]
     each = max(MIN_PHASE_S, budget_s / len(shapes))
