@@ -7,7 +7,7 @@ model's partial UTF-8 does), which is what the tests want: exact token counts, n
 The shapes are chosen for the edges the tier exercises:
 - a vocabulary of 8,000 tokens, below the 1,000-29,999 range the load generator once drew prompt ids from;
 - 2,048 positions, so a test can pass a small --max-model-len and hit the too-long path;
-- the load generator's chat words (batchscope/loadgen/prompts.py WORDS) are one token each, with and without a leading
+- the load generator's chat words (loadgen/prompts.py WORDS) are one token each, with and without a leading
   space, so chat prompts calibrate on it as they do on a real model's tokenizer.
 """
 
