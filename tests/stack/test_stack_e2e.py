@@ -180,7 +180,7 @@ def alerts_received(webhook: HttpStub) -> list[dict]:
 
 def slow_profile(tmp_path: Path) -> Path:
     """The tiny profile with every engine step a quarter of a second longer."""
-    text = (Path("simulator") / "profiles" / "tiny.yaml").read_text()
+    text = (Path("batchscope") / "simulator" / "profiles" / "tiny.yaml").read_text()
     text = re.sub(r"(?m)^name: tiny$", "name: tiny-slow", text)
     text = re.sub(r"(?m)^step_overhead_s: .*$", f"step_overhead_s: {SLOW_STEP_S}", text)
     path = tmp_path / "tiny-slow.yaml"
