@@ -52,6 +52,7 @@ from batchscope.simulator.calibrate_fit import (
     rate,
 )
 from batchscope.simulator.engine import SchedulerLimits
+from batchscope.simulator.histogram_deltas import histogram_means, sample_delta, sample_sums
 from batchscope.simulator.profile import Calibration, Profile, Residual
 
 NOISE_LIMIT = 0.15  # default of both judges: the repeated phase's move, the RMS of the fit's relative errors
@@ -238,22 +239,12 @@ def phase_means(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     """A phase's means from /metrics read before and after it (``sample_sums``); the ITL per decoded token, not per
     observation: vLLM observes one per output message, and its engine core sends the tokens of several steps in
     one message when it falls behind (1.05-1.6 steps a message on the CPU build here)."""
-    delta = {name: value - before.get(name, 0.0) for name, value in after.items()}
-    means = {figure: delta[name + "_sum"] / delta[name + "_count"] if delta.get(name + "_count", 0) > 0 else None
-             for figure, name in FIGURES.items()}
+    delta = sample_delta(before, after)
+    means = histogram_means(delta, FIGURES)
     decoded = delta.get("vllm:generation_tokens_total", 0) - delta.get("vllm:time_to_first_token_seconds_count", 0)
     if means["itl"] is not None and decoded > 0:
         means["itl"] = delta[FIGURES["itl"] + "_sum"] / decoded
     return means
-
-
-def sample_sums(text: str) -> dict[str, float]:
-    """Every sample's value of a /metrics text summed over its series, by sample name."""
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return values
 
 
 def wait_idle(url: str) -> None:

@@ -44,8 +44,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchscope.simulator.calibrate import sample_sums, wait_idle
+from batchscope.simulator.calibrate import wait_idle
 from batchscope.simulator.frontend import FrontEnd
+from batchscope.simulator.histogram_deltas import histogram_means, sample_delta, sample_sums
 from batchscope.simulator.profile import load_profile
 from batchscope.tuner.plan import Plan
 from batchscope.tuner.whatif import run_what_if
@@ -92,9 +93,10 @@ def calibrate(url: str, out: Path) -> subprocess.CompletedProcess:
 
 def engine_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """vLLM's own means over a run (its histograms' deltas) and its preemptions."""
-    means = {figure: (after[name + "_sum"] - before[name + "_sum"]) / (after[name + "_count"] - before[name + "_count"])
-             for figure, name in ENGINE.items()}
-    return {**means, "preemptions": after["vllm:num_preemptions_total"] - before["vllm:num_preemptions_total"]}
+    delta = sample_delta(before, after)
+    means = histogram_means(delta, ENGINE)
+    assert None not in means.values(), f"vLLM observed nothing over the run: {means}"
+    return {**means, "preemptions": delta["vllm:num_preemptions_total"]}
 
 
 def real_run(server: VllmServer, the_plan: Plan, workdir: Path, seed: int) -> dict[str, float]:

@@ -3,6 +3,7 @@ holds every package any `batchscope` subcommand imports."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -31,22 +32,24 @@ print(json.dumps(sorted(str(file) for file in loaded if not file.parts[0].starts
 """
 
 
-def dockerignore() -> tuple[set[str], set[str]]:
-    """The paths .dockerignore lets into the build context, and those it then leaves out again."""
-    lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
-    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    left_out = {line.rstrip("/") for line in lines if line and line[0] not in "!#*"}
-    return allowed, left_out
-
-
-def in_image(path: str) -> bool:
-    """Whether the Dockerfile copies ``path`` (relative to the checkout) from what .dockerignore lets through."""
+@functools.cache
+def image_sources() -> tuple[frozenset[str], frozenset[str]]:
+    """The paths the Dockerfile copies from what .dockerignore lets into the build context, and those
+    .dockerignore then leaves out again."""
     dockerfile = (ROOT / "Dockerfile").read_text()
     copied = {source.rstrip("/") for sources in re.findall(r"^COPY\s+(.+?)\s+\S+$", dockerfile, re.MULTILINE)
               for source in sources.split()}
-    allowed, left_out = dockerignore()
+    lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    left_out = {line.rstrip("/") for line in lines if line and line[0] not in "!#*"}
+    return frozenset(copied & allowed), frozenset(left_out)
+
+
+def in_image(path: str) -> bool:
+    """Whether the image holds ``path`` (relative to the checkout)."""
+    copied, left_out = image_sources()
     under = Path(path).is_relative_to
-    return any(map(under, copied & allowed)) and not any(map(under, left_out))
+    return any(map(under, copied)) and not any(map(under, left_out))
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
