@@ -1,4 +1,5 @@
-"""CPU time and memory of processes and cores, read from /proc (Linux), for benches and tests that measure them."""
+"""CPU time, memory and core affinity of processes and cores, read from /proc (Linux), for benches and tests that
+measure them."""
 
 from __future__ import annotations
 
@@ -66,3 +67,26 @@ def group_members(pgid: int, proc: Path = Path("/proc")) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 members.append(int(entry.name))
     return members
+
+
+def thread_ids(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The threads of a live process (none if it has exited)."""
+    with contextlib.suppress(OSError):
+        return [int(entry.name) for entry in os.scandir(proc / str(pid) / "task")]
+    return []
+
+
+def thread_affinities(pid: int) -> list[set[int]]:
+    """The cores each thread of a process may run on (a thread gone meanwhile is left out)."""
+    found = []
+    for tid in thread_ids(pid):
+        with contextlib.suppress(OSError):
+            found.append(os.sched_getaffinity(tid))
+    return found
+
+
+def pin_process(pid: int, cores: set[int]) -> None:
+    """Confine every thread of a process to ``cores`` (sched_setaffinity is per thread; new threads inherit)."""
+    for tid in thread_ids(pid):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cores)

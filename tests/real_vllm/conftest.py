@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.real_vllm.support import VllmServer, tier
+from tests.real_vllm.support import SHARED_FLAGS, VllmServer, tier
 
 HERE = Path(__file__).parent
-# The shared server: 8 sequences per step, 1,024 tokens per step and per request, 1 GiB of KV cache
-SHARED_FLAGS = ("--max-model-len", "1024", "--max-num-seqs", "8", "--max-num-batched-tokens", "1024")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

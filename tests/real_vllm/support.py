@@ -7,7 +7,10 @@ import pytest
 
 from batchscope.testkit.vllm import ENV_VAR, SERVED_NAME, TIER_FLAGS, Tier, VllmServer
 
-__all__ = ["SERVED_NAME", "TIER_FLAGS", "VllmServer", "tier"]
+__all__ = ["SERVED_NAME", "SHARED_FLAGS", "TIER_FLAGS", "VllmServer", "tier"]
+
+# The shared server: 8 sequences per step, 1,024 tokens per step and per request, 1 GiB of KV cache
+SHARED_FLAGS = ("--max-model-len", "1024", "--max-num-seqs", "8", "--max-num-batched-tokens", "1024")
 
 
 def tier() -> Tier:

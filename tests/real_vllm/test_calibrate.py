@@ -1,36 +1,31 @@
 """`batchscope sim calibrate` against a real vLLM, then what-if previews of settings it never measured against real
 runs of them.
 
-The calibration is the session server (max_num_seqs 8, max_num_batched_tokens 1024, 1 GiB of KV cache), probed
-for 27 s of load. The workload: 4 users of 256 + 256 tokens. Held out: max_num_seqs 2 (half the users queue),
+The calibration is a fresh server (max_num_seqs 8, max_num_batched_tokens 1024, 1 GiB of KV cache), probed for
+45 s of load. The workload: 4 users of 256 + 256 tokens. Held out: max_num_seqs 2 (half the users queue),
 max_num_batched_tokens 64 (each prompt prefilled in 4 chunks) and a 10-block cache (9 usable blocks of 128: three
-users are admitted on 3 blocks each and outgrow them, so vLLM preempts). Each held-out setting is one real run on
-a server of its own; the baseline runs twice on the session server (different prompts), and the relative spread of
-those two runs is this machine's timing noise at one setting. It is separated from the prediction error so:
-- the throughput preview's error (predicted / measured - 1) must be within the goal (15%) plus twice that noise;
-- a knob's direction is asserted for every figure the real runs moved by more than twice the noise (preemptions:
+users are admitted on 3 blocks each and outgrow them, so vLLM preempts). Each held-out setting is one real run on a
+server of its own.
+
+How the CPU's timing noise is kept out, and how much is left:
+- Contention, kept out. Every server here has its cores split (VllmServer.split_cores): the engine core and worker
+  on the core vLLM bound its worker to, the API server and our load generator on the other, as a GPU host runs
+  them. Unsplit, the engine side's busy polling held 1.8 of the 2 cores, the API server starved, tokens came in
+  bursts (up to 68% of requests got all their tokens in one read), users sat idle (1.0-2.9 of 4 in flight) and no
+  preview could be judged: issue 23's earlier runs, where only throughput could be bounded and it missed by up
+  to +107%.
+- Drift, measured. This machine's speed still moves by tens of percent over minutes (a shared host: the same load
+  on the same idle server ran 30% slower a minute later). The baseline therefore runs twice: right after the
+  calibration, on its server, and last, on a server of its own, 3-4 minutes later. The relative spread of those
+  two runs, per figure, is the noise every preview is judged against: its error (predicted / measured - 1) must be
+  within the goal (15%) plus twice that noise, for the client's TTFT, TPOT and output throughput and for vLLM's
+  own mean TTFT and time per output token.
+- A knob's direction is asserted for every figure the real runs moved by more than twice the noise (preemptions:
   counts, always), and must be the preview's too.
-Each real run also reads vLLM's own means over it (TTFT, time per output token: the engine's side), the share of
-requests whose tokens all reached the client in one read ("stalled"), and the client's mean requests in flight
-over the window; a run that kept under 90% of its users in flight is run once more, and must not do so twice.
-The figures are printed (pytest -s). What they showed on this shared 2-core machine (issue 23's runs):
-- vLLM's API server starves under CPU contention. Its event loop stops serving the other connections while one
-  request's outputs keep coming: /metrics took up to 2 s to answer, the engine ran 1 request while 4 users were
-  on, the users' responses ended (or started) only when the loop came back, so 1.0-2.9 of 4 users were in flight
-  in most held-out runs (3.3-3.9 in the baseline's) while other work held the load average at 4-10. Such a run
-  measures the API server, not vLLM's scheduling: the in-flight test fails, naming it; no preview can match it.
-- The same starvation holds back all of a request's tokens until its end (up to 68% of requests): the client's
-  TTFT is then the request's E2E and its TPOT 0, so the client's mean TTFT and TPOT are a mixture set by the
-  stall share (0.09-0.94 s TTFT for the same workload). They are printed, not held to a bound; vLLM's own TTFT and
-  TPOT are printed beside them.
-- Where the users stayed in flight (11 runs of settings over 5 probes), vLLM's own TPOT was the closest figure:
-  -21% to +33% in 10 (mnbt-64 once +83%, 70% of its requests stalled); vLLM's TTFT -29% to +66% where nothing
-  queues, +33% to +147% where requests queue (mns-2, kv-10); throughput -7% to +100%, over in 9 of 11: the
-  users spend ~0.34 s per 256-token request outside vLLM (4 x 256 tokens / 748 tok/s = 1.37 s a request against
-  vLLM's TTFT + 255 x TPOT = 1.03 s), which the simulator's fixed front-end delays do not hold. Preemptions 13/13,
-  10/12, 14/8, 20/8, 17/13, 16/16, 14/12 predicted/measured.
-- The baseline's two runs moved 1-35% (throughput), 2-29% (vLLM's TTFT), 8-32% (vLLM's TPOT).
-So only throughput is held to the bound, and the 15% goal is not testable on this host.
+Each real run also records the share of requests whose tokens all reached the client in one read ("stalled") and
+the client's mean requests in flight over the window; a run that kept under 90% of its users in flight is run once
+more, and must not do so twice. The figures are printed (pytest -s); the measured errors are in README.md
+("Calibrating to your server") and issue 23's closing note.
 """
 
 from __future__ import annotations
@@ -50,12 +45,12 @@ from batchscope.simulator.histogram_deltas import histogram_means, sample_delta,
 from batchscope.simulator.profile import load_profile
 from batchscope.tuner.plan import Plan
 from batchscope.tuner.whatif import run_what_if
-from tests.real_vllm.support import VllmServer, tier
+from tests.real_vllm.support import SHARED_FLAGS, VllmServer, tier
 
-# the calibration (~27 s of load + 9 load generator starts), five real runs (a starved one twice) and three vLLM
-# starts: ~4-4.5 min here; left out of `make test` (CI's budget) until issue 23's fit holds; `make test-calibration`
+# the calibration (45 s of load + 9 load generator starts), five real runs and five vLLM starts: ~4.5 min here; left
+# out of `make test`, which is at 28 of CI's 30 minutes without it: `make test-calibration` runs it
 pytestmark = [pytest.mark.timeout(900), pytest.mark.calibration]
-BUDGET_S = 27
+BUDGET_S = 45
 # the shared 2-core CI machine's timing: the probe's repeated phase moved 18%, 41% and 48% in three probes here,
 # and the fit's RMS error was 16-34%; the default limit (15%) refuses such a probe, as it should on a real server
 NOISE_LIMIT = 0.6
@@ -68,7 +63,6 @@ FIGURES = ("ttft", "tpot", "throughput")  # the client's means (the load generat
 ENGINE = {"engine_ttft": "vllm:time_to_first_token_seconds",  # vLLM's own means over the same run
           "engine_tpot": "vllm:request_time_per_output_token_seconds"}
 SHOWN = FIGURES + tuple(ENGINE)
-ASSERTED = ("throughput",)  # held to the goal plus the noise; the others are printed (see the docstring)
 HELD = 0.9  # of the users' requests in flight over the window, at least, for a run to measure vLLM
 # what each knob must move, and which way (+1 up, -1 down), in the preview as in the real runs
 DIRECTIONS = {"mns-2": {"engine_ttft": +1, "throughput": -1}, "mnbt-64": {"engine_ttft": +1},
@@ -130,6 +124,16 @@ def held_run(server: VllmServer, the_plan: Plan, workdir: Path, seed: int) -> di
     return run
 
 
+def fresh_run(the_plan: Plan, flags: tuple[str, ...] | list[str], workdir: Path, seed: int) -> dict[str, float]:
+    """``held_run`` on a server of its own, started with ``flags``, its cores split as the calibrated one's."""
+    server = tier().start(workdir, *flags)
+    try:
+        with server.client_beside():
+            return held_run(server, the_plan, workdir, seed)
+    finally:
+        server.stop()
+
+
 def in_flight(records: list[dict], start: float, duration: float) -> float:
     """The client's mean requests in flight over the window (sent to end): a closed loop holds its users'."""
     end = start + duration
@@ -144,28 +148,31 @@ def preview(the_plan: Plan, setting: str) -> dict[str, float]:
     frontend = FrontEnd.of(load_profile(str(the_plan.backend.profile)))
     return {"ttft": run.client.ttft.mean, "tpot": run.client.tpot.mean,
             "throughput": run.client.output_tokens_per_s, "preemptions": run.server.preemptions,
+            # vLLM stamps a request's arrival once it is tokenized: its TTFT leaves out the input path's work
             "engine_ttft": (run.server.queue_time_mean_s or 0.0) + (run.server.prefill_time_mean_s or 0.0)
-            + frontend.input_s(WORKLOAD["input_tokens"]),
+            + frontend.output_s,
             "engine_tpot": (run.server.decode_time_mean_s or 0.0) / (WORKLOAD["output_tokens"] - 1)}
 
 
 @pytest.fixture(scope="module")
-def compared(vllm, tmp_path_factory) -> dict:
+def compared(tmp_path_factory) -> dict:
     workdir = tmp_path_factory.mktemp("calibrate")
     profile = workdir / "calibrated.yaml"
-    done = calibrate(vllm.url, profile)
-    assert done.returncode == 0, done.stderr[-3000:]
     the_plan = plan(profile)
-    measured = {"baseline": held_run(vllm, the_plan, workdir, 9101)}
-    repeat = held_run(vllm, the_plan, workdir, 9102)
+    server = tier().start(workdir, *SHARED_FLAGS)  # fresh, as each held-out setting's
+    try:
+        with server.client_beside():
+            done = calibrate(server.url, profile)
+            assert done.returncode == 0, done.stderr[-3000:]
+            measured = {"baseline": held_run(server, the_plan, workdir, 9101)}
+    finally:
+        server.stop()
     for name, params in the_plan.settings():
         if name == "baseline":
             continue
-        server = tier().start(workdir, *params.flags())
-        try:
-            measured[name] = held_run(server, the_plan, workdir, 9103)
-        finally:
-            server.stop()
+        measured[name] = fresh_run(the_plan, params.flags(), workdir, 9103)
+    # last, on a server of its own: the drift over the test's span is in the noise the previews are judged by
+    repeat = fresh_run(the_plan, SHARED_FLAGS, workdir, 9102)
     noise = {f: abs(repeat[f] / measured["baseline"][f] - 1) if measured["baseline"][f] else math.inf
              for f in SHOWN}
     predicted = {name: preview(the_plan, name) for name, _ in the_plan.settings()}
@@ -176,7 +183,10 @@ def compared(vllm, tmp_path_factory) -> dict:
 
 
 def _print(result: dict) -> None:
-    print("\nCPU noise (baseline run twice): " + ", ".join(f"{f} {v:.1%}" for f, v in result["noise"].items()))
+    record = load_profile(str(result["profile"])).calibration
+    assert record is not None
+    print(f"\ncalibration: fit RMS error {record.rms_error:.1%}, repeated phase moved {record.repeat_drift:.1%}")
+    print("CPU noise (baseline run twice): " + ", ".join(f"{f} {v:.1%}" for f, v in result["noise"].items()))
     for name, real in result["measured"].items():
         guess = result["predicted"][name]
         cells = [f"{f} {guess[f]:.4g}/{real[f]:.4g} ({_error(guess[f], real[f])})" for f in SHOWN]
@@ -189,7 +199,7 @@ def _error(guess: float, real: float) -> str:
     return f"{guess / real - 1:+.1%}" if real else "measured 0"
 
 
-def test_calibrating_the_session_server_writes_a_profile_of_it(compared, vllm):
+def test_calibrating_a_server_writes_a_profile_of_it(compared):
     profile = load_profile(str(compared["profile"]))
     record = profile.calibration
     assert record is not None and record.rms_error <= NOISE_LIMIT and record.repeat_drift <= NOISE_LIMIT
@@ -201,7 +211,7 @@ def test_calibrating_the_session_server_writes_a_profile_of_it(compared, vllm):
     assert "wrote" in compared["stderr"].splitlines()[-1]
 
 
-@pytest.mark.parametrize("figure", ASSERTED)
+@pytest.mark.parametrize("figure", SHOWN)
 @pytest.mark.parametrize("setting", ["baseline", *HELD_OUT])
 def test_the_preview_of_each_setting_is_within_the_goal_plus_the_measured_noise(compared, setting, figure):
     real, guess = compared["measured"][setting][figure], compared["predicted"][setting][figure]
