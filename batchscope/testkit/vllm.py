@@ -121,8 +121,8 @@ class VllmServer:
 
         Why: the CPU build's engine core and worker poll their shared-memory queues (vLLM busy-loops a reader for
         1 s after each read), so on 2 cores they held 1.8 of them under load and the API server starved: tokens
-        came in bursts, TTFT read 0.2-0.5 s against vLLM's 10 ms, and a run's throughput moved up to 43% between
-        two runs of one setting. Split, the same loads moved 3-5%. A GPU host has the same split: the GPU runs the
+        came in bursts, the client's TTFT read 0.2-0.3 s (7-17 ms split), and a run's throughput moved up to 43%
+        between two runs of one setting. Split, four runs of the same loads moved 3-5%. A GPU host has the same split: the GPU runs the
         step, the API server has a core. With one core, or no bound worker, nothing is moved and every core is
         returned.
         """
