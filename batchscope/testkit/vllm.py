@@ -122,9 +122,9 @@ class VllmServer:
         Why: the CPU build's engine core and worker poll their shared-memory queues (vLLM busy-loops a reader for
         1 s after each read), so on 2 cores they held 1.8 of them under load and the API server starved: tokens
         came in bursts, the client's TTFT read 0.2-0.3 s (7-17 ms split), and a run's throughput moved up to 43%
-        between two runs of one setting. Split, four runs of the same loads moved 3-5%. A GPU host has the same split: the GPU runs the
-        step, the API server has a core. With one core, or no bound worker, nothing is moved and every core is
-        returned.
+        between two runs of one setting. Split, four runs of the same loads moved 3-5%. A GPU host has the same
+        split: the GPU runs the step, the API server has a core. With one core, or no bound worker, nothing is
+        moved and every core is returned.
         """
         everything = os.sched_getaffinity(0)
         engine_side = [pid for pid in procfs.group_members(self.child.pid) if pid != self.child.pid]

@@ -34,6 +34,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,7 @@ FIGURES = ("ttft", "tpot", "throughput")  # the client's means (the load generat
 ENGINE = {"engine_ttft": "vllm:time_to_first_token_seconds",  # vLLM's own means over the same run
           "engine_tpot": "vllm:request_time_per_output_token_seconds"}
 SHOWN = FIGURES + tuple(ENGINE)
+START_DEADLINE_S = 60.0  # for a load's users to be on: its start-up and pre-flight took ~3 s here
 HELD = 0.9  # of the users' requests in flight over the window, at least, for a run to measure vLLM
 # what each knob must move, and which way (+1 up, -1 down), in the preview as in the real runs
 DIRECTIONS = {"mns-2": {"engine_ttft": +1, "throughput": -1}, "mnbt-64": {"engine_ttft": +1},
@@ -98,12 +100,16 @@ def real_run(server: VllmServer, the_plan: Plan, workdir: Path, seed: int) -> di
     spec = the_plan.run_spec().model_copy(update={"seed": seed})
     spec_path = workdir / f"spec-{seed}-{server.port}.yaml"
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude={"api_key"})))
-    before = sample_sums(server.metrics())
     out = workdir / f"load-{seed}-{server.port}"
-    done = subprocess.run([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec_path), "--host",
-                           server.url, "--out", str(out), "--metrics-port", "0"], capture_output=True, text=True,
-                          timeout=180)
-    assert done.returncode == 0, done.stderr[-2000:]
+    with open(workdir / f"load-{seed}-{server.port}.log", "wb") as log:
+        load = subprocess.Popen([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec_path), "--host",
+                                 server.url, "--out", str(out), "--metrics-port", "0"], stdout=log, stderr=log)
+        try:
+            before = when_users_are_on(server, load)
+            assert load.wait(timeout=180) == 0, (workdir / f"load-{seed}-{server.port}.log").read_text()[-2000:]
+        finally:
+            if load.poll() is None:
+                load.kill()
     wait_idle(server.url)
     summary = json.loads((out / "summary.json").read_text())
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
@@ -113,6 +119,19 @@ def real_run(server: VllmServer, the_plan: Plan, workdir: Path, seed: int) -> di
             "throughput": summary["output_tokens_per_s"], "stalled": len(stalled) / max(1, len(records)),
             "in_flight": in_flight(records, summary["window_start_s"], summary["effective_duration_s"]),
             **engine_means(before, sample_sums(server.metrics()))}
+
+
+def when_users_are_on(server: VllmServer, load: subprocess.Popen) -> dict[str, float]:
+    """vLLM's /metrics once two of the load's requests are on. The load generator's pre-flight probes the
+    vocabulary with one-token completions, one at a time; vLLM counts them in its histograms (a TPOT of 0 each, a
+    short TTFT): over a whole run they read vLLM's TPOT 10-15% low against this workload's client."""
+    deadline = time.monotonic() + START_DEADLINE_S
+    while time.monotonic() < deadline and load.poll() is None:
+        values = sample_sums(server.metrics())
+        if values.get("vllm:num_requests_running", 0.0) + values.get("vllm:num_requests_waiting", 0.0) >= 2:
+            return values
+        time.sleep(0.05)  # polling interval, bounded by the deadline
+    raise AssertionError(f"the load's users were not on within {START_DEADLINE_S:g} s (exit {load.poll()})")
 
 
 def held_run(server: VllmServer, the_plan: Plan, workdir: Path, seed: int) -> dict[str, float]:
