@@ -10,7 +10,7 @@ The probe (``design``): a warm-up, then closed-loop phases chosen to separate th
 Each phase is a `batchscope load` run (a subprocess, so the load generator's client does the timing). vLLM's
 own histograms (prefill time, inter-token latency per decoded token, queue time) are read from /metrics before
 and after each phase, the server idle in between; the client's TTFT gives the front end's cost (TTFT outside
-queue and prefill, at 8-token outputs).
+queue and prefill, at 8-token outputs), split at vLLM's own TTFT into the input and output paths.
 
 The fit is calibrate_fit's. A probe is refused, in one line and with nothing written, when the server is
 unreachable or not vLLM, when the repeated phase moved more than the noise limit (--noise-limit, default 15%: the
@@ -65,7 +65,7 @@ IDLE_DEADLINE_S = 60.0
 LOAD_GRACE_S = 120.0  # a phase's `batchscope load` may take this long beyond its duration (start-up, its end)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 FIGURES = {"prefill": "vllm:request_prefill_time_seconds", "itl": "vllm:inter_token_latency_seconds",
-           "queue": "vllm:request_queue_time_seconds"}
+           "queue": "vllm:request_queue_time_seconds", "ttft": "vllm:time_to_first_token_seconds"}
 
 
 class CalibrationError(Exception):
@@ -258,8 +258,8 @@ def wait_idle(url: str) -> None:
     raise CalibrationError(f"--url: {url} kept requests running for {IDLE_DEADLINE_S:g} s: is another load on it?")
 
 
-def base_profile(server: Server, config: dict, facts: ModelFacts, theta: Theta, frontend: tuple[float, float]
-                 ) -> Profile:
+def base_profile(server: Server, config: dict, facts: ModelFacts, theta: Theta,
+                 frontend: tuple[float, float, float]) -> Profile:
     """A profile of ``server`` with ``theta``'s costs: its memory sized so the simulator's KV plan gives the
     server's block count at its gpu_memory_utilization (no activation growth is measured)."""
     kv_bytes = server.num_gpu_blocks * server.block_size * facts.kv_bytes_per_token
@@ -277,22 +277,26 @@ def base_profile(server: Server, config: dict, facts: ModelFacts, theta: Theta, 
         matmul_params=facts.matmul_params, attention_flops_per_token_pair=facts.attention_flops_per_token_pair,
         peak_flops=rate(theta.s_per_flop), memory_bandwidth=rate(theta.s_per_byte), compute_efficiency=1.0,
         bandwidth_efficiency=1.0, step_overhead_s=theta.overhead_s, step_per_request_s=theta.per_request_s,
-        frontend_request_s=frontend[0], frontend_input_token_s=frontend[1], frontend_output_s=0.0,
+        frontend_request_s=frontend[0], frontend_input_token_s=frontend[1], frontend_output_s=frontend[2],
         eos_probability=0.0)
 
 
-def fit_frontend(measured: list[Measured]) -> tuple[float, float]:
-    """The front end's fixed and per-prompt-token cost: the single-user phases' client TTFT outside vLLM's queue
-    and prefill times, against prompt length."""
-    rows, gaps = [], []
+def fit_frontend(measured: list[Measured]) -> tuple[float, float, float]:
+    """The front end's input path (fixed, per prompt token) and output path: the single-user phases' client TTFT
+    outside vLLM's queue and prefill times, against prompt length; of it, the output path is the part inside vLLM's
+    own TTFT (the hops between its processes: vLLM stamps a request's arrival after its input path)."""
+    rows, gaps, inside = [], [], []
     for m in measured:
         if m.phase.output == PREFILL_OUTPUT and m.client_ttft_s is not None and m.means["prefill"] is not None:
+            engine = m.means["prefill"] + (m.means["queue"] or 0.0)
             rows.append([1.0, float(m.phase.prompt)])
-            gaps.append(m.client_ttft_s - m.means["prefill"] - (m.means["queue"] or 0.0))
+            gaps.append(m.client_ttft_s - engine)
+            inside.append(max(0.0, (m.means.get("ttft") or engine) - engine))
     if not rows:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     fixed, per_token = nnls(np.array(rows), np.array(gaps))
-    return float(fixed), float(per_token)
+    output = min(float(np.mean(inside)), float(fixed))
+    return float(fixed) - output, float(per_token), output
 
 
 def probe(server: Server, budget_s: float, seed: int, progress: Callable[[str], None] = lambda line: None

@@ -30,11 +30,13 @@ from batchscope.simulator.calibrate import (
     Measured,
     Server,
     design,
+    fit_frontend,
     fit_profile,
     model_facts,
     phase_means,
     stagger,
 )
+from batchscope.simulator.calibrate_fit import Phase
 from batchscope.simulator.cost import StepCostModel
 from batchscope.simulator.engine import EngineCore
 from batchscope.simulator.frontend import FrontEnd
@@ -227,10 +229,25 @@ def test_the_itl_is_read_per_decoded_token_not_per_output_message():
     # messages for 13 x 255 decoded tokens, its engine core sending several steps' tokens in one message; the
     # decode time agreed with the per-token figure (5.72 s / 3,315 = 1.73 ms), not the per-message one (2.49 ms)
     before = {"vllm:inter_token_latency_seconds_sum": 1.0, "vllm:inter_token_latency_seconds_count": 100.0,
-              "vllm:generation_tokens_total": 500.0, "vllm:time_to_first_token_seconds_count": 2.0}
+              "vllm:generation_tokens_total": 500.0, "vllm:time_to_first_token_seconds_count": 2.0,
+              "vllm:time_to_first_token_seconds_sum": 0.02}
     after = {"vllm:inter_token_latency_seconds_sum": 1.0 + 5.715, "vllm:inter_token_latency_seconds_count": 2395.0,
              "vllm:generation_tokens_total": 500.0 + 13 * 256, "vllm:time_to_first_token_seconds_count": 15.0,
+             "vllm:time_to_first_token_seconds_sum": 0.02 + 0.0962,
              "vllm:request_prefill_time_seconds_sum": 0.0819, "vllm:request_prefill_time_seconds_count": 13.0}
     means = phase_means(before, after)
     assert means["itl"] == pytest.approx(5.715 / (13 * 255))
     assert means["prefill"] == pytest.approx(0.0063) and means["queue"] is None
+    assert means["ttft"] == pytest.approx(0.0074)  # vLLM's own, for the front end's split (fit_frontend)
+
+
+def test_the_front_end_is_split_at_vllms_own_ttft():
+    # client TTFT = 4 ms + 2 us per prompt token + vLLM's prefill; 1.5 ms of the 4 inside vLLM's own TTFT
+    phases = [Phase(f"c1-p{n}-o8", 1, n, 8, 3.0) for n in (127, 508, 1016)]
+    measured = [Measured(phase, {"prefill": 0.01, "queue": 0.0, "ttft": 0.0115}, 0.014 + 2e-6 * phase.prompt)
+                for phase in phases]
+    request_s, input_token_s, output_s = fit_frontend(measured)
+    assert (request_s, input_token_s, output_s) == pytest.approx((0.0025, 2e-6, 0.0015))
+    # without vLLM's TTFT (or inside its queue and prefill) the whole fixed cost is the input path's
+    unsplit = [replace(m, means={**m.means, "ttft": None}) for m in measured]
+    assert fit_frontend(unsplit) == pytest.approx((0.004, 2e-6, 0.0))
