@@ -127,7 +127,7 @@ class VllmServer:
         moved and every core is returned.
         """
         everything = os.sched_getaffinity(0)
-        engine_side = [pid for pid in procfs.group_members(self.child.pid) if pid != self.child.pid]
+        engine_side = [pid for pid in self.child.members() if pid != self.child.pid]
         bound = [cores for pid in engine_side for cores in procfs.thread_affinities(pid) if cores < everything]
         engine = min(bound, key=len) if bound else set()
         front = everything - engine

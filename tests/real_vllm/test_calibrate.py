@@ -105,11 +105,12 @@ def real_run(server: VllmServer, the_plan: Plan, workdir: Path, seed: int) -> di
     """The plan's workload on ``server`` with `batchscope load`: the summary's figures and vLLM's preemptions."""
     spec = the_plan.run_spec().model_copy(update={"seed": seed})
     out = workdir / f"load-{seed}-{server.port}"
-    with open(workdir / f"load-{seed}-{server.port}.log", "wb") as log:
+    log_path = out.with_suffix(".log")
+    with open(log_path, "wb") as log:
         load = subprocess.Popen(load_argv(server, spec, out), stdout=log, stderr=log)
         try:
             before = when_users_are_on(server, load)
-            assert load.wait(timeout=180) == 0, (workdir / f"load-{seed}-{server.port}.log").read_text()[-2000:]
+            assert load.wait(timeout=180) == 0, log_path.read_text()[-2000:]
         finally:
             if load.poll() is None:
                 load.kill()
