@@ -132,6 +132,9 @@ class Connection:
         if self.aborted:
             raise StreamBroken("aborted")
         sock = self._sock if self._sock is not None else self._connect()
+        # reusable again only once this exchange's body has ended cleanly: a connection put back while its
+        # response is still due would hand that late response to the next request as its own
+        self.reusable = False
         self._read_lags, self._reads = 0.0, 0
         sent = time.time()
         try:

@@ -90,6 +90,17 @@ def test_stalled_server_times_out(simulator):
     assert record.outcome == "timeout" and time.monotonic() - started < 2.5
 
 
+def test_a_timed_out_connection_is_not_reused_so_its_late_response_is_nobodys(simulator):
+    # the first request's response comes 1 s after it was sent, inside the second request's 0.7 s window:
+    # on the same connection the second would read it as its own answer
+    sim = simulator("--profile", "tiny", "--fault-stall-rate", "1", "--fault-stall-s", "1")
+    target = replace(target_for(simulator("--profile", "tiny").url), url=sim.url + "/v1/completions", timeout_s=0.7)
+    pool = ConnectionPool(target.endpoint, target.timeout_s)
+    pool.prepare()  # a connection opened ahead, as every load generator user has
+    assert [send(target, pool).outcome for _ in range(2)] == ["timeout", "timeout"]
+    assert pool._idle == []
+
+
 def test_refused_connection(simulator):
     target = replace(target_for(simulator("--profile", "tiny").url), url=f"http://127.0.0.1:{free_port()}/v1/completions")
     assert send(target).outcome == "connection_error"
