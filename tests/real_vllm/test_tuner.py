@@ -1,5 +1,6 @@
 """The tuner's command backend restarting a real `vllm serve` per setting, with an exporter following the plan;
-then `--resume`, the report, and MLPerf's offline scenario.
+then the report, and MLPerf's offline scenario. (`--resume` is the same code whatever the server:
+tests/tuner/test_resume.py proves it on the simulator, which saves CI a 45-s real start here.)
 
 The plan: the baseline leaves vLLM's knobs to vLLM but max_num_seqs 8 (block size 128 and the KV cache are the
 CPU build's own choice, read back from the server); `mns-2` lets two of the four users run at once; `kv-9` gives
@@ -83,7 +84,7 @@ class Scraper:
 
 
 @pytest.mark.timeout(TUNE_TIMEOUT_S * 2)
-def test_a_one_knob_plan_on_real_vllm_records_its_settings_preemptions_failures_and_resumes(tmp_path, exporters):
+def test_a_one_knob_plan_on_real_vllm_records_its_settings_preemptions_and_failures(tmp_path, exporters):
     grafana = HttpStub(lambda method, path: json_reply({"message": "Annotation added", "id": 1})).start()
     live_file = tmp_path / "live.json"
     exporter = exporters("--vllm-url", f"http://127.0.0.1:{free_port()}", "--follow", str(live_file),
@@ -125,14 +126,6 @@ def test_a_one_knob_plan_on_real_vllm_records_its_settings_preemptions_failures_
     texts = [request.json()["text"] for request in grafana.requests if request.method == "POST"]
     assert any("max_num_seqs: 8 → 2" in text for text in texts), texts
     grafana.stop()
-
-    # --resume redoes an unfinished run (its run.json is written last) and keeps the finished ones as they are
-    (plan_dir / "mns-2-r0" / "run.json").unlink()
-    kept = {name: (plan_dir / name / "run.json").read_bytes() for name in ("baseline-r0", "kv-9-r0", "kv-4-r0")}
-    resumed = tune(tmp_path, plan, "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert {name: (plan_dir / name / "run.json").read_bytes() for name in kept} == kept
-    assert run_files(plan_dir)["mns-2-r0"]["status"] == "ok"
 
     report = subprocess.run([sys.executable, "-m", "batchscope.cli", "report", str(plan_dir)], capture_output=True,
                             text=True, timeout=120)
