@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# stamped in the checkout, not the venv: .venv may be a link to a venv other checkouts share (scripts/venv-setup)
+INSTALLED := $(VENV).installed
 
 .PHONY: test test-real-vllm test-calibration test-live-alerts test-docker check coverage lint run demo bench
 
@@ -38,13 +40,15 @@ SKIP_MARKS := $(strip $(if $(SKIP_REAL_VLLM),real_vllm) $(if $(SKIP_DOCKER),dock
 	$(if $(CALIBRATION),,calibration) $(if $(LIVE_ALERTS),,live_alerts))
 PYTEST_SKIP := $(if $(SKIP_MARKS),-m "not $(subst $(empty) $(empty), and not ,$(SKIP_MARKS))")
 
-$(BIN)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+# a shared venv last pointed at another checkout is pointed at this one again
+ifneq ($(shell cat $(VENV)/checkout 2>/dev/null || pwd),$(CURDIR))
+.PHONY: $(INSTALLED)
+endif
+$(INSTALLED): pyproject.toml
+	PYTHON=$(PYTHON) scripts/venv-setup $(VENV)
 	touch $@
 
-test: $(BIN)/.installed
+test: $(INSTALLED)
 	scripts/ensure-debian-packages chromium prometheus prometheus-alertmanager
 	$(BIN)/ruff check .
 	$(BIN)/mypy
@@ -53,49 +57,49 @@ test: $(BIN)/.installed
 	$(TIER_ENV) $(DOCKER_ENV) $(BIN)/python -m pytest $(PYTEST_SKIP)
 
 # The real-vLLM tier alone.
-test-real-vllm: $(BIN)/.installed
+test-real-vllm: $(INSTALLED)
 	$(TIER_BUILD)
 	$(TIER_ENV) $(BIN)/python -m pytest tests/real_vllm
 
 # The real-vLLM calibration test alone (tests/real_vllm/test_calibrate.py).
-test-calibration: $(BIN)/.installed
+test-calibration: $(INSTALLED)
 	$(TIER_BUILD)
 	$(TIER_ENV) $(BIN)/python -m pytest -m calibration tests/real_vllm
 
 # The live alert tests alone (tests/stack/test_live_alerts.py).
-test-live-alerts: $(BIN)/.installed
+test-live-alerts: $(INSTALLED)
 	scripts/ensure-debian-packages prometheus
 	$(BIN)/python -m pytest -m live_alerts tests/stack
 
 # The Docker stack tier alone.
-test-docker: $(BIN)/.installed
+test-docker: $(INSTALLED)
 	$(TIER_BUILD)
 	$(DOCKER_BUILD)
 	$(TIER_ENV) $(DOCKER_ENV) $(BIN)/python -m pytest tests/stack/test_docker_stack.py
 
 # The inner loop: lint, types and the fast tests (no servers, no browsers), in well under a minute.
-check: $(BIN)/.installed
+check: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -m "not e2e and not slow" -q
 
 # What the fast tier covers of the code it must cover: the exporter, the load generator's summary and HTTP client.
 COVERED := batchscope/exporter/*,batchscope/loadgen/summary.py,batchscope/loadgen/http.py,batchscope/loadgen/framing.py
-coverage: $(BIN)/.installed
+coverage: $(INSTALLED)
 	COVERAGE_FILE=$(VENV)/.coverage $(BIN)/python -m pytest -m "not e2e and not slow" -q \
 		--cov=batchscope.exporter --cov=batchscope.loadgen --cov-report=
 	COVERAGE_FILE=$(VENV)/.coverage $(BIN)/coverage report --include='$(COVERED)' --show-missing
 
-lint: $(BIN)/.installed
+lint: $(INSTALLED)
 	$(BIN)/ruff check .
 
 # The main job: the one-knob plan on the simulator in real time (about two minutes); prints where the report is.
-run: $(BIN)/.installed
+run: $(INSTALLED)
 	$(BIN)/batchscope tune examples/one-knob.yaml --results results --resume
 
 # One fixed streaming load against the simulator with the exporter in front; its summary is saved in out/demo.
-demo: $(BIN)/.installed
+demo: $(INSTALLED)
 	scripts/demo
 
-bench: $(BIN)/.installed
+bench: $(INSTALLED)
 	$(BIN)/python bench/sim_throughput.py
