@@ -32,7 +32,7 @@ else
 DOCKER_BUILD = $(TIER_ENV) scripts/docker-setup > $(DOCKER_DIR)
 DOCKER_ENV = BATCHSCOPE_DOCKER="$$(cat $(DOCKER_DIR))"
 endif
-# the tiers left out, in one -m expression (pytest keeps only the last -m). The real-vLLM calibration test (~6 min)
+# the tiers left out, in one -m expression (pytest keeps only the last -m). The real-vLLM calibration test (~8 min)
 # is left out unless CALIBRATION=1: with it the suite is past CI's 30 minutes; `make test-calibration` runs it.
 # So are the live alert tests (~6 min, an alert's whole `for:`) unless LIVE_ALERTS=1; `make test-live-alerts`.
 empty :=
