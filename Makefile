@@ -41,7 +41,7 @@ SKIP_MARKS := $(strip $(if $(SKIP_REAL_VLLM),real_vllm) $(if $(SKIP_DOCKER),dock
 PYTEST_SKIP := $(if $(SKIP_MARKS),-m "not $(subst $(empty) $(empty), and not ,$(SKIP_MARKS))")
 
 # a shared venv last pointed at another checkout is pointed at this one again
-ifneq ($(shell cat $(VENV)/checkout 2>/dev/null || pwd),$(CURDIR))
+ifneq ($(shell cat $(VENV)/checkout 2>/dev/null || pwd -P),$(CURDIR))
 .PHONY: $(INSTALLED)
 endif
 $(INSTALLED): pyproject.toml
