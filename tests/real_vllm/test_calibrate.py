@@ -237,11 +237,11 @@ def compared(tmp_path_factory) -> dict:
     measured.update({name: pooled(pair) for name, pair in runs.items()})
     noise = {f: max(abs(repeat[f] / measured["baseline"][f] - 1) for repeat in repeats)
              if measured["baseline"][f] else math.inf for f in SHOWN}
-    # each held-out run's own host speed against the calibrated server's: a drift the two baselines missed
+    # each setting's host speed (its runs' mean) against the calibrated server's: a drift the baseline's repeats missed
     drift = {name: abs(run["host"] / measured["baseline"]["host"] - 1) for name, run in measured.items()}
     predicted = {name: preview(the_plan, name) for name, _ in the_plan.settings()}
-    result = {"profile": profile, "stderr": done.stderr, "measured": measured, "repeats": repeats,
-              "predicted": predicted, "noise": noise, "drift": drift}
+    result = {"profile": profile, "stderr": done.stderr, "measured": measured, "predicted": predicted,
+              "noise": noise, "drift": drift}
     _print(result)
     return result
 
