@@ -34,11 +34,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from scrape.exporter import claim_bench_core, scrape, wait_ready
 from scrape.settings import EXPORTER_CORE, REPO, STOP_TIMEOUT_S
 
-from batchscope.listen import free_port
 from batchscope.testkit.hostile import HostileServer
 from batchscope.testkit.processes import Child, SetupError
 from batchscope.testkit.procfs import status_mb
 from batchscope.testkit.report import add_json_option, argument_parser, table, targets_table, write_json
+from batchscope.wire.listen import free_port
 
 SCRAPE_TIMEOUT_S = 2.0  # the exporter's --scrape-timeout-s (its default)
 MAX_SCRAPE_S = SCRAPE_TIMEOUT_S + 1.0

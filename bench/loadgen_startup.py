@@ -31,10 +31,10 @@ import numpy as np
 import yaml
 from capacity.settings import CLIENT_CORE, REPO, SERVER_CORE, SERVER_FLAGS, STARTUP_TIMEOUT_S
 
-from batchscope.listen import free_port
 from batchscope.testkit.processes import Child, SetupError
 from batchscope.testkit.report import add_json_option, argument_parser, write_json
 from batchscope.testkit.simulator import start_simulator
+from batchscope.wire.listen import free_port
 
 MAX_TTFT_BIAS_P99_MS = 1.0
 RUN_TIMEOUT_S = 300.0

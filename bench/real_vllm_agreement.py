@@ -30,11 +30,11 @@ import numpy as np
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.listen import free_port
 from batchscope.loadgen.spec import WorkloadSpec
 from batchscope.loadgen.target import probes_answered
 from batchscope.testkit.report import add_json_option, argument_parser, table, targets_table, write_json
 from batchscope.testkit.vllm import Tier
+from batchscope.wire.listen import free_port
 
 FIGURES = (("TTFT", "ttft_s", "vllm:time_to_first_token_seconds"),
            ("TPOT", "tpot_s", "vllm:request_time_per_output_token_seconds"),

@@ -18,9 +18,9 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.listen import free_port
 from batchscope.testkit.processes import Child, wait_until
 from batchscope.testkit.simulator import SimProcess, start_simulator
+from batchscope.wire.listen import free_port
 
 __all__ = ["Exporter", "LoadResult", "SimProcess", "free_port", "only", "run_load", "samples", "start_simulator",
            "wait_until"]

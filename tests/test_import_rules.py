@@ -134,6 +134,6 @@ def test_a_component_importing_another_is_refused(tmp_path):
     """The rule can fail: an exporter module that reaches into the simulator is named, its shared imports are not."""
     (tmp_path / "batchscope" / "exporter").mkdir(parents=True)
     (tmp_path / "batchscope" / "exporter" / "x.py").write_text(
-        "from batchscope.simulator.engine import Engine\nfrom batchscope import vllm_knobs\nimport yaml\n")
+        "from batchscope.simulator.engine import Engine\nfrom batchscope.vllm import knobs\nimport yaml\n")
     assert refused_imports("exporter", tmp_path) == {
         "batchscope/exporter/x.py": ["batchscope.simulator.engine", "batchscope.simulator.engine.Engine"]}

@@ -1,7 +1,7 @@
 """Marking configuration changes: a counter and timestamp for Prometheus, and Grafana annotations.
 
 A change is a new serving configuration or a new server start time, seen between two scrapes. The Grafana
-annotation is posted by batchscope.grafana_annotations (a background thread with exponential backoff), so an
+annotation is posted by batchscope.runs.annotations (a background thread with exponential backoff), so an
 unreachable Grafana is logged and retried but never blocks a scrape or stops the exporter.
 """
 
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from batchscope.exporter.config import ServingConfig
-from batchscope.grafana_annotations import GrafanaAnnotator
+from batchscope.runs.annotations import GrafanaAnnotator
 
 log = logging.getLogger("batchscope.exporter")
 RESTART_TOLERANCE_S = 1.0

@@ -24,7 +24,6 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 
-from batchscope import exits, listen
 from batchscope.exporter.changes import ChangeTracker
 from batchscope.exporter.collector import BatchscopeCollector, ExporterSources
 from batchscope.exporter.config import parse_command
@@ -33,7 +32,9 @@ from batchscope.exporter.fetch import pin_mmap_threshold
 from batchscope.exporter.health import shown_url
 from batchscope.exporter.server import make_server, serve_in_thread
 from batchscope.exporter.slo import MAX_TARGET_S, SloFlags
-from batchscope.grafana_annotations import GrafanaAnnotator
+from batchscope.inputs import exits
+from batchscope.runs.annotations import GrafanaAnnotator
+from batchscope.wire import listen
 
 log = logging.getLogger("batchscope.exporter")
 DEFAULT_PORT = 9648

@@ -27,7 +27,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from batchscope.bounded_read import JSON_MAX_BYTES, METRICS_MAX_BYTES, FetchTimeout, fetch
 from batchscope.exporter import families
 from batchscope.exporter.changes import RESTART_TOLERANCE_S, ChangeTracker
 from batchscope.exporter.config import ServingConfig, from_exposed, parse_command
@@ -35,7 +34,8 @@ from batchscope.exporter.docker_source import ContainerView, DockerSource
 from batchscope.exporter.fetch import Workers
 from batchscope.exporter.health import REASONS, DownCause, DownReporter, down_cause
 from batchscope.exporter.slo import SloFlags, SloGauge
-from batchscope.live_run import LiveFileError, LiveRun, read_live_file
+from batchscope.runs.live_run import LiveFileError, LiveRun, read_live_file
+from batchscope.wire.bounded_read import JSON_MAX_BYTES, METRICS_MAX_BYTES, FetchTimeout, fetch
 
 log = logging.getLogger("batchscope.exporter")
 PREFIXES = {"vllm": "vllm:", "loadgen": "batchscope_client_"}  # target -> the families it contributes

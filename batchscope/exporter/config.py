@@ -16,8 +16,8 @@ import shlex
 
 from pydantic import BaseModel, Field, field_validator
 
-from batchscope import vllm_knobs
-from batchscope.secrets import mask_mapping
+from batchscope.inputs.secrets import mask_mapping
+from batchscope.vllm import knobs as vllm_knobs
 
 # the knobs this project is about, plus what identifies the deployment; every other flag goes to other_flags
 KNOWN_FLAGS = ("model", "served_model_name", *vllm_knobs.KNOB_NAMES)

@@ -1,5 +1,5 @@
 """The vLLM container, read through the docker SDK (read-only): its command line, start time and KV log line
-(any device's, batchscope.vllm_log).
+(any device's, batchscope.vllm.log).
 
 The container is found by name, or by its compose labels: the service (``com.docker.compose.service=vllm``) of
 one compose project (``com.docker.compose.project``), so another project's vllm service on the same engine is never
@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from batchscope.exporter.config import ServingConfig, parse_command
-from batchscope.vllm_log import parse_capacity
+from batchscope.vllm.log import parse_capacity
 
 if TYPE_CHECKING:  # the SDK is imported by the client factory, only when a container is asked for
     from docker import DockerClient

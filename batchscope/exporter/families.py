@@ -1,6 +1,6 @@
 """Re-exposing scraped families: parse Prometheus text, keep one namespace, and map vLLM's renamed metrics.
 
-vLLM renamed three metric groups between 0.8 and 0.12 (batchscope.vllm_catalogue.RENAMES): gpu_cache_usage_perc ->
+vLLM renamed three metric groups between 0.8 and 0.12 (batchscope.vllm.catalogue.RENAMES): gpu_cache_usage_perc ->
 kv_cache_usage_perc, gpu_prefix_cache_{queries,hits} -> prefix_cache_{queries,hits} (counted blocks in 0.8,
 tokens later), time_per_output_token_seconds -> inter_token_latency_seconds. Old names are exposed under the
 new ones so one dashboard works from vLLM 0.8 onwards; when a server exposes both (its deprecation window),
@@ -20,7 +20,7 @@ from typing import Final
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.vllm_catalogue import RENAMES
+from batchscope.vllm.catalogue import RENAMES
 
 
 def parse(text: str) -> list[Metric]:

@@ -2,7 +2,7 @@
 
 ``requests.get(timeout=2)`` bounds each socket operation, not the exchange, and ``reply.text`` buffers the whole
 body: a 200 MB or endless /metrics, or one dripping a byte at a time, held a scrape for ever and took the exporter
-to gigabytes. Here a body is read by batchscope.bounded_read (one socket read at a time under a deadline and a
+to gigabytes. Here a body is read by batchscope.wire.bounded_read (one socket read at a time under a deadline and a
 byte cap, shared with the load generator's pre-flight). Each fetch
 runs on a worker thread that the caller waits for until the deadline and no longer, so a phase no socket
 timeout covers (the name lookup: glibc's resolver retries for 10 s and more) cannot hold a scrape either. At
@@ -14,7 +14,7 @@ tests/fixtures/vllm-0.32-cpu-metrics.txt), and every family but the process ones
 data-parallel engine; bench/exporter_scrape.py renders ~35 KB per engine, so 64 engines, its maximum, are
 2.2 MB and ~20,000 series. METRICS_MAX_BYTES, 16 MiB, is 7x that and keeps the exporter's memory bounded (a body
 at the cap costs about twice its size while it is decoded). vLLM's /v1/models and /version are a few hundred
-bytes: JSON_MAX_BYTES is 1 MiB. The fetch itself (batchscope.bounded_read.fetch) is shared with the tuner.
+bytes: JSON_MAX_BYTES is 1 MiB. The fetch itself (batchscope.wire.bounded_read.fetch) is shared with the tuner.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import TypeVar
 
 import requests
 
-from batchscope.bounded_read import FetchTimeout
+from batchscope.wire.bounded_read import FetchTimeout
 
 MAX_REDIRECTS = 5  # requests' 30 would let a redirect loop keep a worker 30 socket timeouts past its deadline
 M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES = -3, 128 << 10  # glibc's mallopt parameter (malloc.h) and its default

@@ -18,8 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 import urllib3.exceptions
 
-from batchscope.bounded_read import BodyTooLarge, FetchTimeout
-from batchscope.secrets import MASK
+from batchscope.inputs.secrets import MASK
+from batchscope.wire.bounded_read import BodyTooLarge, FetchTimeout
 
 log = logging.getLogger("batchscope.exporter")
 REPEAT_S = 60.0

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from batchscope.exposition import CONTENT_TYPE
+from batchscope.exporter.exposition import CONTENT_TYPE
 
 log = logging.getLogger("batchscope.exporter.server")
 
@@ -23,7 +23,7 @@ log = logging.getLogger("batchscope.exporter.server")
 def make_server(registry: CollectorRegistry, address: tuple, family: socket.AddressFamily = socket.AF_INET
                 ) -> ThreadingHTTPServer:
     """An HTTP server (not yet serving) answering /metrics from ``registry``, bound to a socket address of
-    ``family`` (batchscope.listen.resolve gives both for a host and port)."""
+    ``family`` (batchscope.wire.listen.resolve gives both for a host and port)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the http.server API

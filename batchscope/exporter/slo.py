@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from batchscope.vllm_buckets import ITL_BUCKETS, TTFT_BUCKETS
+from batchscope.vllm.buckets import ITL_BUCKETS, TTFT_BUCKETS
 
 log = logging.getLogger("batchscope.exporter")
 # vllm:time_to_first_token_seconds and vllm:request_time_per_output_token_seconds (whose bounds are ITL's)

@@ -9,7 +9,7 @@ import re
 import socket
 from pathlib import Path
 
-from batchscope.listen import ListenError, listen
+from batchscope.wire.listen import ListenError, listen
 
 # the run id names a folder under out/ and goes into request ids and metric labels: no path separators, no "..".
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -37,7 +37,7 @@ def check_out_dir(path: Path) -> None:
 
 
 def check_port(flag: str, port: int, host: str = "127.0.0.1", host_flag: str = "--host") -> None:
-    """``port`` is 0 (off) or a port number that ``host`` can listen on now (batchscope.listen's bind and
+    """``port`` is 0 (off) or a port number that ``host`` can listen on now (batchscope.wire.listen's bind and
     message, as the servers that will listen there: a port left in TIME_WAIT by an earlier run is free)."""
     if not 0 <= port <= 65535:
         raise BadInput(f"{flag}: {port} is not a port number (1-65535, or 0 for none)")

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from batchscope import exits
+from batchscope.inputs import exits
 from batchscope.loadgen.checks import BadInput, check_host, check_out_dir, check_port, check_run_id
 from batchscope.loadgen.metrics import DEFAULT_METRICS_PORT
 from batchscope.loadgen.spec import SpecError, WorkloadSpec, load_spec

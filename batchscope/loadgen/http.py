@@ -19,9 +19,9 @@ import ssl
 import time
 from collections.abc import Callable, Iterator
 
-from batchscope import receive_stamps
 from batchscope.loadgen.framing import MAX_HEADER_BYTES, ChunkedDecoder, Endpoint, ProtocolError
-from batchscope.receive_stamps import ANCILLARY_SIZE, TIMESPEC
+from batchscope.wire import receive_stamps
+from batchscope.wire.receive_stamps import ANCILLARY_SIZE, TIMESPEC
 
 # Reads take everything there: the kernel merges data waiting in a socket into one block stamped with its last
 # arrival, so smaller reads would not time the tokens in it apart, only cost more reads to catch up

@@ -43,7 +43,7 @@ from batchscope.loadgen.control import RunControl
 from batchscope.loadgen.request import OUTCOMES
 from batchscope.loadgen.spec import WorkloadSpec
 from batchscope.loadgen.summary import Distribution, generator_line, latencies
-from batchscope.vllm_catalogue import sample_aliases
+from batchscope.vllm.catalogue import sample_aliases
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 CHARTED_LATENCIES = ("ttft", "itl")

@@ -24,11 +24,11 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from batchscope.histogram import Histogram, merged_bounds
 from batchscope.loadgen.request import OUTCOMES, RequestRecord
 from batchscope.loadgen.saturation import GeneratorLoad
 from batchscope.loadgen.spec import SloTargets, WorkloadSpec
-from batchscope.vllm_buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from batchscope.stats.histogram import Histogram, merged_bounds
+from batchscope.vllm.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 
 DEFAULT_METRICS_PORT = 9646  # where the master (or local process) serves the merged client metrics
 FINE_LATENCY = (0.0025, 0.0075, 0.015, 0.03, 0.05, 0.15, 0.2, 0.3, 0.4)

@@ -1,6 +1,6 @@
 """Each request's own prompt, of exactly the spec's length: an optional shared prefix, then a part of its own.
 
-The layout (which prefix, and the salt that makes each request's part its own) is batchscope/prompt_layout.py's,
+The layout (which prefix, and the salt that makes each request's part its own) is workload/prompt_layout.py's,
 shared with the tuner's what-if runs. Completions prompts are token ids drawn from the spec's seed: request n of
 worker w sends prefix (n + w) mod distinct, then the unique part with its first SALT_TOKENS ids set from (n, w).
 Every id, salt included, comes from the range the served model's vocabulary allows (prompt_layout.id_range, found
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from batchscope.loadgen.spec import WorkloadSpec
-from batchscope.prompt_layout import ID_HIGH, ID_LOW, SALT_TOKENS, draw_ids, prefix_index, salt
+from batchscope.workload.prompt_layout import ID_HIGH, ID_LOW, SALT_TOKENS, draw_ids, prefix_index, salt
 
 WORDS = ("time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school",
          "state", "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week")

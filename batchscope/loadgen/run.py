@@ -23,7 +23,6 @@ import gevent
 import gevent.event
 import gevent.pool
 
-from batchscope import poisson
 from batchscope.loadgen import http
 from batchscope.loadgen.faults import FaultLog
 from batchscope.loadgen.greenlets import sleep_until
@@ -33,6 +32,7 @@ from batchscope.loadgen.report import SenderReport
 from batchscope.loadgen.request import RequestRecord, measure, refused_by_server, throttled
 from batchscope.loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
 from batchscope.loadgen.target import Target
+from batchscope.workload import poisson
 
 
 def arrival_times(spec: WorkloadSpec, start: float, worker_index: int, workers: int) -> Iterator[float]:

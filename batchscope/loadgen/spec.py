@@ -28,8 +28,8 @@ from pydantic import (
     model_serializer,
 )
 
-from batchscope.secrets import mask_mapping
-from batchscope.validation import TAGGED_UNION_ERRORS, first_error, yaml_problem
+from batchscope.inputs.secrets import mask_mapping
+from batchscope.inputs.validation import TAGGED_UNION_ERRORS, first_error, yaml_problem
 
 MAX_TOKENS = 10_000_000  # per request, prompt or output: beyond any model's context
 MAX_CONCURRENCY = 100_000  # users, or requests in flight
@@ -237,7 +237,7 @@ def _apply_override(data: dict, item: str) -> None:
 
 
 def describe_error(exc: ValidationError) -> str:
-    """First validation error as 'spec: field: message' (batchscope.validation's one line)."""
+    """First validation error as 'spec: field: message' (batchscope.inputs.validation's one line)."""
     field, message, kind = first_error(exc, field_name=_without_mode_tag)
     if kind in TAGGED_UNION_ERRORS:
         field, message = "load.mode", "must be one of: concurrency, poisson, offline"

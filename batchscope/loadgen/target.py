@@ -29,11 +29,11 @@ from urllib.parse import urlsplit
 import numpy as np
 import requests
 
-from batchscope.bounded_read import JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, request
 from batchscope.loadgen import framing
 from batchscope.loadgen.prompts import WORDS, chat_messages, draw_prompt, prompt_bodies
 from batchscope.loadgen.spec import ConcurrencyLoad, OfflineLoad, SpecError, WorkloadSpec
-from batchscope.prompt_layout import ID_HIGH, ID_LOW, SALT_TOKENS, id_range, salt_capacity
+from batchscope.wire.bounded_read import JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, request
+from batchscope.workload.prompt_layout import ID_HIGH, ID_LOW, SALT_TOKENS, id_range, salt_capacity
 
 CONNECT_TIMEOUT_S = 10.0
 PREFLIGHT_TIMEOUT_S = 10.0  # one pre-flight exchange (/v1/models, /tokenize), whole: connect, head and body
@@ -261,7 +261,7 @@ def list_models(base: str, session: requests.Session, headers: dict) -> list[dic
 def exchange(session: requests.Session, method: str, url: str, timeout_s: float, *,
              headers: dict[str, str] | None = None, payload: object = None
              ) -> tuple[int, requests.structures.CaseInsensitiveDict, str]:
-    """(status, headers, body text) of one pre-flight request (batchscope.bounded_read.request), following no
+    """(status, headers, body text) of one pre-flight request (batchscope.wire.bounded_read.request), following no
     redirect, the whole exchange within ``timeout_s`` and its body within JSON_MAX_BYTES (an error's within
     ERROR_MAX_BYTES, else empty); ``payload`` is sent as JSON. Raises one of PEER_FAULTS."""
     answer = request(session, method, url, deadline=time.monotonic() + timeout_s, max_bytes=JSON_MAX_BYTES,

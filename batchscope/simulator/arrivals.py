@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from batchscope import receive_stamps
+from batchscope.wire import receive_stamps
 
 READ_SIZE = 65536  # a usual request in one read; a larger one takes several (the first stamp is its arrival)
 

@@ -36,7 +36,6 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.bounded_read import METRICS_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
 from batchscope.simulator.calibrate_fit import (
     PREFILL_OUTPUT,
     ModelFacts,
@@ -54,6 +53,7 @@ from batchscope.simulator.calibrate_fit import (
 from batchscope.simulator.engine import SchedulerLimits
 from batchscope.simulator.histogram_deltas import histogram_means, sample_delta, sample_sums
 from batchscope.simulator.profile import Calibration, Profile, Residual
+from batchscope.wire.bounded_read import METRICS_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
 
 NOISE_LIMIT = 0.15  # default of both judges: the repeated phase's move, the RMS of the fit's relative errors
 MIN_PHASE_S = 2.0

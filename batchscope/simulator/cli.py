@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable
 
 from pydantic import ValidationError
 
-from batchscope import exits
-from batchscope.listen import listen
-from batchscope.secrets import mask_mapping
+from batchscope.inputs import exits
+from batchscope.inputs.secrets import mask_mapping
 from batchscope.simulator.config import Deployment, ServeConfig, validation_message
 from batchscope.simulator.profile import builtin_profiles
 from batchscope.simulator.responses import VLLM_VERSION
+from batchscope.wire.listen import listen
 
 Serve = Callable[[Deployment, socket.socket, asyncio.Event], Awaitable[None]]
 

@@ -8,12 +8,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from batchscope.inputs.validation import first_error
 from batchscope.simulator.cost import StepCostModel
 from batchscope.simulator.engine import EngineCore, SchedulerLimits
 from batchscope.simulator.frontend import FrontEnd
 from batchscope.simulator.memory import KvCachePlan, plan_kv_cache
 from batchscope.simulator.profile import CPU_BLOCK_MULTIPLE, DEFAULT_BLOCK_SIZE, Profile, load_profile
-from batchscope.validation import first_error
 
 BlockSize = Literal[1, 8, 16, 32, 64, 128]
 

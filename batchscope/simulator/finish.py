@@ -1,6 +1,6 @@
 """Why a request ended: the engine's finish codes and the ``finished_reason`` names vLLM gives them.
 
-The engine ends requests by length or stop only; vLLM's other label values (batchscope.vllm_catalogue's
+The engine ends requests by length or stop only; vLLM's other label values (batchscope.vllm.catalogue's
 FINISHED_REASONS: abort, error, repetition) stay at 0, and a client disconnect is counted under none, as in 0.32.
 """
 

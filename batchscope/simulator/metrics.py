@@ -1,7 +1,7 @@
 """vLLM's /metrics for the simulator: a collector that reads the engine at scrape time.
 
-Names, types, HELP texts, labels and label values come from batchscope.vllm_catalogue, bucket boundaries from
-batchscope.vllm_buckets (both vLLM V1's ``PrometheusStatLogger``, checked against a real 0.32 /metrics); the
+Names, types, HELP texts, labels and label values come from batchscope.vllm.catalogue, bucket boundaries from
+batchscope.vllm.buckets (both vLLM V1's ``PrometheusStatLogger``, checked against a real 0.32 /metrics); the
 values come from ``EngineStats``, which follows vLLM's definitions. Counters and histograms carry ``_created``
 series, as prometheus_client gives vLLM's. The server answers with ``generate_latest`` (the classic text, which
 keeps the colons) labelled ``catalogue.EXPOSITION_CONTENT_TYPE`` whatever the Accept header, as 0.32 does.
@@ -16,10 +16,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from batchscope import vllm_catalogue as catalogue
-from batchscope.histogram import Histogram
 from batchscope.simulator.engine import EngineCore
-from batchscope.vllm_catalogue import VllmMetric
+from batchscope.stats.histogram import Histogram
+from batchscope.vllm import catalogue as catalogue
+from batchscope.vllm.catalogue import VllmMetric
 
 LABELS = list(catalogue.ENGINE_LABELS)
 

@@ -31,7 +31,7 @@ from batchscope.simulator.protocol import ApiError, GenerationRequest
 from batchscope.simulator.realtime import TIMER_SLACK_S, RealtimeEngine, RequestStream
 from batchscope.simulator.responses import SseFormatter, sse_tail
 from batchscope.simulator.truth import GroundTruthLog, RequestTiming
-from batchscope.vllm_catalogue import EXPOSITION_CONTENT_TYPE
+from batchscope.vllm.catalogue import EXPOSITION_CONTENT_TYPE
 
 log = logging.getLogger("batchscope.simulator.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

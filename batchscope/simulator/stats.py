@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from batchscope.histogram import Histogram
-from batchscope.vllm_buckets import (
+from batchscope.stats.histogram import Histogram
+from batchscope.vllm.buckets import (
     ITERATION_TOKEN_BUCKETS,
     ITL_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
@@ -24,7 +24,7 @@ from batchscope.vllm_buckets import (
     TTFT_BUCKETS,
     build_1_2_5_buckets,
 )
-from batchscope.vllm_catalogue import FINISHED_REASONS, PROMPT_TOKEN_SOURCES
+from batchscope.vllm.catalogue import FINISHED_REASONS, PROMPT_TOKEN_SOURCES
 
 
 class EngineStats:

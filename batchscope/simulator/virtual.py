@@ -22,10 +22,10 @@ from typing import Protocol
 
 import numpy as np
 
-from batchscope import poisson
 from batchscope.simulator.engine import EngineCore, Step, StepOutput
 from batchscope.simulator.finish import REASON_NAMES
 from batchscope.simulator.prefix_cache import block_hashes
+from batchscope.workload import poisson
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class SimulationResult:
 def poisson_workload(
     rate: float, count: int, prompt_len: int, max_tokens: int, seed: int = 0
 ) -> list[RequestSpec]:
-    """``count`` identical requests arriving at ``rate`` per second (batchscope.poisson, one sender's stream)."""
+    """``count`` identical requests arriving at ``rate`` per second (workload.poisson, one sender's stream)."""
     return [RequestSpec(t, prompt_len, max_tokens) for t in poisson.first(count, rate, seed).tolist()]
 
 

@@ -6,5 +6,5 @@ One module per job: ``processes`` (start, poll, stop, pin), ``simulator`` (THE w
 limit and a deadline, its exact peak RSS), ``reference_client`` (the minimal aiohttp streaming client benches
 compare against; runnable as a child), ``report`` (plain and markdown tables, a bench's command line and JSON
 figures). Nothing here is used by the product itself;
-free ports come from ``batchscope.listen.free_port``, which the tuner uses too.
+free ports come from ``batchscope.wire.listen.free_port``, which the tuner uses too.
 """

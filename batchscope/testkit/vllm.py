@@ -26,9 +26,9 @@ from pathlib import Path
 
 import requests
 
-from batchscope.listen import free_port
 from batchscope.testkit import procfs
 from batchscope.testkit.processes import Child, SetupError, wait_until
+from batchscope.wire.listen import free_port
 
 ENV_VAR = "BATCHSCOPE_REAL_VLLM"
 SERVED_NAME = "tiny-llama"

@@ -5,7 +5,7 @@ URL, the command line in effect with secrets masked, what the server reported ch
 and capacity, vLLM's version) once /health answers, or raises `StartFailed` with the cause in one line, the log's
 tail and the command line that was run; ``alive()``, ``stop()`` and ``log_tail()``. Building argv and
 re-creating a container's spec are pure functions; the classes only drive processes and the docker SDK. Only
-the knobs a setting sets are passed (batchscope.vllm_knobs): vLLM picks the others.
+the knobs a setting sets are passed (batchscope.vllm.knobs): vLLM picks the others.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import requests
 
-from batchscope import vllm_knobs
-from batchscope.listen import free_port
-from batchscope.secrets import mask_argv
+from batchscope.inputs.secrets import mask_argv
 from batchscope.tuner.plan import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
 from batchscope.tuner.results import ServerReport
 from batchscope.tuner.signals import server_report
-from batchscope.vllm_log import failure_cause
+from batchscope.vllm import knobs as vllm_knobs
+from batchscope.vllm.log import failure_cause
+from batchscope.wire.listen import free_port
 
 if TYPE_CHECKING:  # the SDK is imported when a docker backend starts, not by every tuner command
     from docker import APIClient, DockerClient
@@ -136,7 +136,7 @@ def healthy(url: str) -> bool:
 def wait_healthy(url: str, deadline_s: float, still_starting: Callable[[], str | None],
                  log_tail: Callable[[int], list[str]], command_line: list[str]) -> None:
     """Poll /health until it answers 200; ``still_starting`` returns a reason when the server is gone, and the
-    failure names the cause the log gives (batchscope.vllm_log.failure_cause)."""
+    failure names the cause the log gives (batchscope.vllm.log.failure_cause)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         gone = still_starting()

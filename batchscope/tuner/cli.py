@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from batchscope import exits
+from batchscope.inputs import exits
 from batchscope.tuner.mlperf import FOLDER_PREFIX, ServerRules
 from batchscope.tuner.plan import Plan, PlanError, load_plan
 from batchscope.tuner.planned import plan_runs

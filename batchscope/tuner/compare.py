@@ -8,8 +8,7 @@ field). Intervals: tuner.bootstrap; verdicts: tuner.verdicts; explanations: tune
 
 from __future__ import annotations
 
-from batchscope.nested import flatten
-from batchscope.secrets import mask_argv
+from batchscope.inputs.secrets import mask_argv
 from batchscope.tuner.bootstrap import MIN_REPEATS, NO_ESTIMATE, RESAMPLES, SEED, Bootstrap, Estimate, estimate, holm
 from batchscope.tuner.comparison import (
     Comparison,
@@ -21,6 +20,7 @@ from batchscope.tuner.comparison import (
 )
 from batchscope.tuner.explain import explain
 from batchscope.tuner.metric_defs import METRICS, Measured, MetricDef, mean_present, measured
+from batchscope.tuner.nested import flatten
 from batchscope.tuner.plan import BASELINE, TUNABLE, Objective, ServingParams, Slos
 from batchscope.tuner.results import RunResult
 from batchscope.tuner.verdicts import meets_slos, verdicts

@@ -10,11 +10,11 @@ from typing import Final, Literal
 from pydantic import BaseModel, Field
 
 import batchscope
-from batchscope import vllm_knobs
 from batchscope.loadgen.spec import WorkloadSpec
 from batchscope.tuner.bootstrap import CONFIDENCE, MIN_REPEATS, RESAMPLES, SEED, Evidence, Method
 from batchscope.tuner.plan import Objective, ServingParams, Slos
 from batchscope.tuner.results import ServerReport
+from batchscope.vllm import knobs as vllm_knobs
 
 # 2: a knob in a setting's params or a ParamChange may be None (not passed, vLLM's default); settings say what
 # the server reported choosing (SettingSummary.reported)

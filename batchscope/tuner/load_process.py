@@ -15,14 +15,14 @@ from pathlib import Path
 
 import yaml
 
-from batchscope.listen import free_port
-from batchscope.live_run import LiveRun
+from batchscope.runs.live_run import LiveRun
 from batchscope.tuner.backends import CAUSE_LINES, Server, die_with_parent
 from batchscope.tuner.plan import Plan
 from batchscope.tuner.planned import PlannedRun
 from batchscope.tuner.progress import Progress, read_client
 from batchscope.tuner.results import write_atomically
-from batchscope.vllm_log import failure_cause
+from batchscope.vllm.log import failure_cause
+from batchscope.wire.listen import free_port
 
 LOAD_GRACE_S = 120.0  # beyond warm-up + window: Locust's start, the stop and the summary
 LOAD_STOP_GRACE_S = 30.0  # the load generator aborts what is in flight and writes its summary first

@@ -1,6 +1,6 @@
 """vLLM's /metrics during a run: one bounded read (before, after) and a sampler thread reading every second.
 
-Each read ends within FETCH_TIMEOUT_S and METRICS_MAX_BYTES whatever the server sends (batchscope.bounded_read);
+Each read ends within FETCH_TIMEOUT_S and METRICS_MAX_BYTES whatever the server sends (batchscope.wire.bounded_read);
 a server that does not answer in time is a missing point, not a stuck run.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import requests
 
-from batchscope.bounded_read import METRICS_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
 from batchscope.tuner.signals import MetricsPoint, parse_metrics
+from batchscope.wire.bounded_read import METRICS_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
 
 SAMPLE_INTERVAL_S = 1.0
 MAX_SAMPLES = 24 * 3600  # a day of one-second samples: bounded memory whatever the window

@@ -1,5 +1,5 @@
 """The optional observers of a plan's runs: Prometheus (its recording rules read over each window) and Grafana
-(a region per run, by batchscope.grafana_annotations). Both are read within a deadline and a byte cap.
+(a region per run, by batchscope.runs.annotations). Both are read within a deadline and a byte cap.
 
 PROMETHEUS_QUERIES name recording rules of prometheus/rules/ (tests/tuner/test_runner_parts.py checks each
 exists there).
@@ -15,11 +15,11 @@ import time
 
 import requests
 
-from batchscope.bounded_read import JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
-from batchscope.grafana_annotations import GrafanaAnnotator
+from batchscope.runs.annotations import GrafanaAnnotator
 from batchscope.tuner.compare import changed_params
 from batchscope.tuner.plan import Plan, ServingParams
 from batchscope.tuner.planned import PlannedRun
+from batchscope.wire.bounded_read import JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
 
 QUERY_TIMEOUT_S = 10.0
 # Recording rules read per run when a Prometheus is given: name -> PromQL over the window ({w} seconds).

@@ -28,7 +28,7 @@ from batchscope.tuner.signals import (
 from batchscope.tuner.stopping import signals_deferred
 
 if TYPE_CHECKING:
-    from batchscope.grafana_annotations import GrafanaAnnotator
+    from batchscope.runs.annotations import GrafanaAnnotator
 
 
 def run_one(plan: Plan, run: PlannedRun, run_dir: Path, server: Server, progress: Progress,

@@ -16,7 +16,8 @@ from typing import Annotated, Any, Final, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
-from batchscope import run_ids, vllm_knobs
+from batchscope.inputs.secrets import mask_argv, mask_command
+from batchscope.inputs.validation import TAGGED_UNION_ERRORS, first_error, yaml_problem
 from batchscope.loadgen.spec import (
     DEFAULT_SLO_TPOT_S,
     DEFAULT_SLO_TTFT_S,
@@ -25,8 +26,8 @@ from batchscope.loadgen.spec import (
     WorkloadSpec,
     within_slo,
 )
-from batchscope.secrets import mask_argv, mask_command
-from batchscope.validation import TAGGED_UNION_ERRORS, first_error, yaml_problem
+from batchscope.runs import run_ids
+from batchscope.vllm import knobs as vllm_knobs
 
 SCHEMA_VERSION: Final = 1
 # A plan's and a variation's name: it names folders (results/<plan>/<setting>-r<n>/) and the load run's --run-id
@@ -44,7 +45,7 @@ class PlanError(ValueError):
 
 
 def _knob(name: str) -> Any:
-    """A knob's field: unset (None) by default, vLLM's bounds and description (batchscope.vllm_knobs)."""
+    """A knob's field: unset (None) by default, vLLM's bounds and description (batchscope.vllm.knobs)."""
     knob = vllm_knobs.BY_NAME[name]
     return Field(None, gt=knob.above, le=knob.at_most, description=knob.description)
 

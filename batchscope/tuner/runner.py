@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from batchscope.nested import first_difference
 from batchscope.tuner.backends import Server, make_server
+from batchscope.tuner.nested import first_difference
 from batchscope.tuner.observers import grafana_annotator
 from batchscope.tuner.one_run import run_one
 from batchscope.tuner.plan import BASELINE, Plan, PlanError
@@ -27,7 +27,7 @@ from batchscope.tuner.progress import Progress
 from batchscope.tuner.results import PLAN_FILE, RUN_FILE, RunResult, save, write_atomically
 
 if TYPE_CHECKING:
-    from batchscope.grafana_annotations import GrafanaAnnotator
+    from batchscope.runs.annotations import GrafanaAnnotator
 
 ANNOTATIONS_DRAIN_S = 30.0  # at the plan's end, for the last runs' Grafana regions to be delivered
 

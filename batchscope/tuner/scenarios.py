@@ -16,7 +16,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchscope import poisson
 from batchscope.loadgen.spec import PoissonLoad
 from batchscope.tuner.backends import Server, make_server
 from batchscope.tuner.mlperf import (
@@ -41,9 +40,10 @@ from batchscope.tuner.progress import Progress
 from batchscope.tuner.results import RUN_FILE, RunResult, write_atomically
 from batchscope.tuner.runner import ANNOTATIONS_DRAIN_S, what_if_run
 from batchscope.tuner.signals import MetricsPoint, read_summary
+from batchscope.workload import poisson
 
 if TYPE_CHECKING:
-    from batchscope.grafana_annotations import GrafanaAnnotator
+    from batchscope.runs.annotations import GrafanaAnnotator
     from batchscope.simulator.engine import EngineCore, Step
 
 SCENARIOS = ("server", "offline")

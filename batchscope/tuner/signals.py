@@ -24,8 +24,8 @@ from batchscope.loadgen.summary import Summary
 from batchscope.loadgen.window import MeasurementWindow
 from batchscope.tuner.plan import Slos
 from batchscope.tuner.results import ClientFigures, RequestSamples, ServerReport, ServerSignals, hit_rate
-from batchscope.vllm_catalogue import current_sample_name
-from batchscope.vllm_log import parse_capacity
+from batchscope.vllm.catalogue import current_sample_name
+from batchscope.vllm.log import parse_capacity
 
 CACHE_INFO = "vllm:cache_config_info"
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import ValidationError
 
-from batchscope import poisson
+from batchscope.inputs.secrets import mask_argv
 from batchscope.loadgen.figures import RunFigures, counted
 from batchscope.loadgen.prompts import draw_prompt
 from batchscope.loadgen.request import RequestRecord, timed_elsewhere
@@ -41,8 +41,6 @@ from batchscope.loadgen.sketch import ExactGaps
 from batchscope.loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
 from batchscope.loadgen.summary import latencies
 from batchscope.loadgen.window import MeasurementWindow, final_window
-from batchscope.prompt_layout import ID_HIGH, ID_LOW, id_range, prompt_ids
-from batchscope.secrets import mask_argv
 from batchscope.simulator.config import Deployment, ServeConfig, validation_message
 from batchscope.simulator.cost import StepCostModel
 from batchscope.simulator.engine import EngineCore, Step
@@ -71,6 +69,8 @@ from batchscope.tuner.results import (
     now_iso,
 )
 from batchscope.tuner.signals import good_count, samples_of
+from batchscope.workload import poisson
+from batchscope.workload.prompt_layout import ID_HIGH, ID_LOW, id_range, prompt_ids
 
 DEFAULT_PROFILE = SimulatorBackend().profile
 # Step-time noise of a what-if run: the standard deviation of a step's duration over its mean (see the docstring).

@@ -15,9 +15,9 @@ import numpy as np
 import requests
 import yaml
 
-from batchscope.listen import free_port
 from batchscope.testkit.processes import Child, SetupError, hold, wait_until
 from batchscope.testkit.procfs import status_mb
+from batchscope.wire.listen import free_port
 from capacity.server import Server
 from capacity.settings import (
     CLIENT_CORE,

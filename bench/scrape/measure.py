@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.listen import free_port
 from batchscope.testkit.processes import SetupError
 from batchscope.testkit.procfs import core_busy_seconds, cpu_seconds, status_mb
+from batchscope.wire.listen import free_port
 from scrape.exporter import scrape, start_exporter, wait_ready
 from scrape.settings import BENCH_CORE, EXPORTER_CORE, MAX_P99_MS, MAX_RSS_MB, STOP_TIMEOUT_S, TARGETS
 from scrape.stubs import base_url, start_stub

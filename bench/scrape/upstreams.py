@@ -21,10 +21,10 @@ from prometheus_client import (
     generate_latest,
 )
 
-from batchscope import vllm_catalogue as vllm
 from batchscope.loadgen.metrics import ClientMetricsCollector, ClientStats
 from batchscope.loadgen.request import RequestRecord
-from batchscope.vllm_buckets import (
+from batchscope.vllm import catalogue as vllm
+from batchscope.vllm.buckets import (
     ITERATION_TOKEN_BUCKETS,
     ITL_BUCKETS,
     REQUEST_LATENCY_BUCKETS,

@@ -1,4 +1,4 @@
-"""One bounded exchange (batchscope/bounded_read.py) for the pre-flight's requests and every fetch, against local
+"""One bounded exchange (batchscope/wire/bounded_read.py) for the pre-flight's requests and every fetch, against local
 servers: any status answered or raised, redirects followed only when asked, error bodies within their cap, and
 the deadline whatever the peer does."""
 
@@ -9,9 +9,9 @@ import time
 import pytest
 import requests
 
-from batchscope.bounded_read import ERROR_MAX_BYTES, JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch, request
 from batchscope.loadgen.target import exchange
 from batchscope.testkit.hostile import HostileServer
+from batchscope.wire.bounded_read import ERROR_MAX_BYTES, JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch, request
 from tests.stubs import HttpStub, Reply
 
 

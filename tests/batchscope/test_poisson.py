@@ -1,4 +1,4 @@
-"""The one Poisson generator (batchscope/poisson.py): every reader of a seed gets the same arrivals."""
+"""The one Poisson generator (batchscope/workload/poisson.py): every reader of a seed gets the same arrivals."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import itertools
 import numpy as np
 import pytest
 
-from batchscope import poisson
 from batchscope.loadgen.run import arrival_times
 from batchscope.loadgen.spec import load_spec
 from batchscope.simulator.config import Deployment, ServeConfig
 from batchscope.simulator.virtual import poisson_workload
 from batchscope.tuner.whatif import simulate
+from batchscope.workload import poisson
 
 
 def test_the_nth_arrival_does_not_depend_on_how_many_are_read() -> None:

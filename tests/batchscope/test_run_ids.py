@@ -1,4 +1,4 @@
-"""batchscope.run_ids: the one name format of run ids, plans and settings."""
+"""batchscope.runs.run_ids: the one name format of run ids, plans and settings."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from batchscope.run_ids import NAME_PATTERN, RUN_ID, RUN_ID_MAX_LENGTH, default_run_id
+from batchscope.runs.run_ids import NAME_PATTERN, RUN_ID, RUN_ID_MAX_LENGTH, default_run_id
 
 
 @pytest.mark.parametrize("name", ["a", "one-knob", "mns-32-r0", "v1.2_x", "9", "a" * RUN_ID_MAX_LENGTH])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchscope.secrets import MASK, is_secret, mask_argv, mask_command, mask_mapping
+from batchscope.inputs.secrets import MASK, is_secret, mask_argv, mask_command, mask_mapping
 
 
 @pytest.mark.parametrize("name", ["--api-key", "--hf-token", "api_key", "GRAFANA_PASSWORD", "--grafana-passwd",

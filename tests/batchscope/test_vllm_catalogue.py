@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from batchscope.vllm_catalogue import CATALOGUE, VllmMetric
+from batchscope.vllm.catalogue import CATALOGUE, VllmMetric
 
 SAMPLE = Path(__file__).parent.parent / "fixtures" / "vllm-metrics-sample.txt"
 COMMENT = re.compile(r"^# (HELP|TYPE) (\S+) (.*)$", re.MULTILINE)
@@ -35,7 +35,7 @@ def test_names_are_unique_and_counters_are_exposed_with_total():
 
 
 def test_renamed_samples_map_both_ways_with_their_suffixes():
-    from batchscope.vllm_catalogue import RENAMES, current_sample_name, sample_aliases
+    from batchscope.vllm.catalogue import RENAMES, current_sample_name, sample_aliases
 
     assert current_sample_name("vllm:gpu_prefix_cache_hits_total") == "vllm:prefix_cache_hits_total"
     assert current_sample_name("vllm:time_per_output_token_seconds_bucket") == "vllm:inter_token_latency_seconds_bucket"

@@ -308,9 +308,9 @@ def test_simulator_and_vllm_get_the_same_knobs_with_the_seed_baseline_as_default
 
 
 def test_compose_knob_defaults_agree_with_vllms_knob_facts():
-    """Every knob compose passes is one of batchscope.vllm_knobs (flag spelled as vLLM's), its default inside
+    """Every knob compose passes is one of batchscope.vllm.knobs (flag spelled as vLLM's), its default inside
     vLLM's bounds, a fixed vLLM default kept as vLLM's, and the cross-knob rule holding."""
-    from batchscope import vllm_knobs
+    from batchscope.vllm import knobs as vllm_knobs
 
     for argv in (command(services()["simulator"]), command(services()["vllm"])):
         knobs = {vllm_knobs.BY_FLAG[word].name: float(argv[i + 1]) for i, word in enumerate(argv)

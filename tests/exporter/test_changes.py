@@ -8,7 +8,7 @@ import logging
 
 from batchscope.exporter.changes import ChangeTracker
 from batchscope.exporter.config import ServingConfig
-from batchscope.grafana_annotations import GrafanaAnnotator
+from batchscope.runs.annotations import GrafanaAnnotator
 from tests.conftest import wait_until
 from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply, json_reply

@@ -18,7 +18,7 @@ from batchscope.exporter.changes import ChangeTracker
 from batchscope.exporter.collector import BatchscopeCollector, ExporterSources, kv_capacity
 from batchscope.exporter.config import ServingConfig
 from batchscope.exporter.docker_source import ContainerView, DockerSource
-from batchscope.live_run import MAX_BYTES
+from batchscope.runs.live_run import MAX_BYTES
 from tests.conftest import free_port
 from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply, json_reply

@@ -14,7 +14,7 @@ import pytest
 
 from batchscope.exporter.config import ServingConfig, from_exposed, parse_command
 from batchscope.exporter.docker_source import DockerSource
-from batchscope.vllm_log import parse_capacity
+from batchscope.vllm.log import parse_capacity
 from tests.stubs import HttpStub, Reply, json_reply
 
 COMMAND = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "256",

@@ -16,7 +16,7 @@ import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
 from batchscope.exporter import families
-from batchscope.vllm_catalogue import CATALOGUE, EXPOSITION_CONTENT_TYPE
+from batchscope.vllm.catalogue import CATALOGUE, EXPOSITION_CONTENT_TYPE
 from tests.conftest import only, samples
 from tests.stubs import HttpStub, Reply
 

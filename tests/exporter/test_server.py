@@ -11,8 +11,8 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, Gauge
 
+from batchscope.exporter.exposition import CONTENT_TYPE
 from batchscope.exporter.server import make_server, serve_in_thread
-from batchscope.exposition import CONTENT_TYPE
 from tests.conftest import wait_until
 
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"

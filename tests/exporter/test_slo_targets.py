@@ -17,7 +17,7 @@ from batchscope.exporter.slo import SloFlags, bucket_bound
 from batchscope.loadgen.control import RunControl
 from batchscope.loadgen.metrics import ClientMetricsCollector
 from batchscope.loadgen.spec import load_spec
-from batchscope.vllm_buckets import ITL_BUCKETS, TTFT_BUCKETS
+from batchscope.vllm.buckets import ITL_BUCKETS, TTFT_BUCKETS
 from tests.exporter.clock import Clock
 from tests.stubs import HttpStub, Reply
 

@@ -29,7 +29,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import units
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from batchscope.vllm_catalogue import CATALOGUE
+from batchscope.vllm.catalogue import CATALOGUE
 from tests.grafana.dashboard_queries import DASHBOARD_DIR, dashboard_queries, substitute
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ PROMETHEUS_UID = "prometheus"
 RATE_INTERVAL, RANGE, INTERVAL = timedelta(minutes=7, seconds=7), timedelta(minutes=9, seconds=9), timedelta(seconds=11)
 SENTINELS = {"rate_interval": "7m7s", "range_": "9m9s", "interval": "11s"}
 
-# Where each exported family is defined (vLLM's in batchscope.vllm_catalogue); prometheus_client adds these
+# Where each exported family is defined (vLLM's in batchscope.vllm.catalogue); prometheus_client adds these
 # suffixes to counters and histograms.
 METRIC_SOURCES = ["batchscope/loadgen/metrics.py", "batchscope/exporter/collector.py",
                   "batchscope/exporter/families.py"]

@@ -125,7 +125,7 @@ def test_a_models_listing_redirecting_off_the_host_is_refused_in_one_line_and_no
 
 
 def test_a_models_listing_over_its_cap_is_refused_in_one_line_before_any_request(tmp_path):
-    # the pre-flight reads every peer answer within a cap (batchscope.bounded_read): 2 MiB is no model listing
+    # the pre-flight reads every peer answer within a cap (batchscope.wire.bounded_read): 2 MiB is no model listing
     with HostileServer("models-huge") as server:
         result = load(tmp_path, server.url)
         lines = result.run.log().strip().splitlines()

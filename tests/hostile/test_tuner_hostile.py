@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from batchscope.grafana_annotations import GrafanaAnnotator
+from batchscope.runs.annotations import GrafanaAnnotator
 from batchscope.testkit.hostile import HostileServer
 from batchscope.tuner.metrics_sampler import fetch_metrics
 from tests.conftest import wait_until

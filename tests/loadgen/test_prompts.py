@@ -16,9 +16,9 @@ import pytest
 from batchscope.loadgen.prompts import chat_messages, draw_prompt, prompt_bodies
 from batchscope.loadgen.spec import SpecError, load_spec
 from batchscope.loadgen.target import chat_prompt
-from batchscope.prompt_layout import id_range, prompt_ids
 from batchscope.simulator.tokenizer import encode_chat
 from batchscope.tuner.whatif import prompt_source
+from batchscope.workload.prompt_layout import id_range, prompt_ids
 
 BASE = ["input_tokens=40", "output_tokens=8", "load.mode=offline", "load.requests=1"]
 

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 import pytest
 import uvloop
 
-from batchscope import receive_stamps
 from batchscope.simulator.arrivals import ArrivalStamps
+from batchscope.wire import receive_stamps
 
 LOOPS = pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
 BUSY_S = 0.2  # the event loop kept busy this long after a request was sent

@@ -183,7 +183,7 @@ def test_calibrate_through_sim_serve_finds_the_profile_it_serves(simulator, tmp_
 
 
 def test_an_unreachable_server_is_refused_in_one_line(tmp_path):
-    from batchscope.listen import free_port
+    from batchscope.wire.listen import free_port
     done = run_calibrate("--url", f"http://127.0.0.1:{free_port()}", "--max-num-seqs", "8",
                          "--max-num-batched-tokens", "1024", "--out", str(tmp_path / "p.yaml"), timeout_s=60)
     assert done.returncode == 2

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from batchscope.simulator.config import Deployment, ServeConfig
 from batchscope.simulator.metrics import VllmMetricsCollector
 from batchscope.simulator.virtual import RequestSpec, run_virtual
-from batchscope.vllm_buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, build_1_2_5_buckets
+from batchscope.vllm.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, build_1_2_5_buckets
 
 FIXTURE_032 = Path(__file__).parent.parent / "fixtures" / "vllm-0.32-cpu-metrics.txt"
 # vLLM 0.32 families the simulator does not serve: nothing in it drives them (no LoRA, sleep mode, KV connector,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchscope.prompt_layout import prompt_ids
 from batchscope.simulator.config import Deployment, ServeConfig
 from batchscope.simulator.engine import EngineCore, Step
 from batchscope.simulator.virtual import (
@@ -16,6 +15,7 @@ from batchscope.simulator.virtual import (
     run_timed,
     run_virtual,
 )
+from batchscope.workload.prompt_layout import prompt_ids
 
 
 def engine_for(**flags) -> EngineCore:

@@ -33,10 +33,10 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.listen import free_port
 from batchscope.loadgen.spec import WorkloadSpec
 from batchscope.loadgen.target import probes_answered
 from batchscope.testkit.processes import wait_until
+from batchscope.wire.listen import free_port
 
 pytestmark = [pytest.mark.docker_stack, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from batchscope.listen import free_port
 from batchscope.testkit import procfs
 from batchscope.testkit.processes import Child, SetupError, wait_until
+from batchscope.wire.listen import free_port
 
 
 def test_wait_until_returns_the_first_truthy_value():

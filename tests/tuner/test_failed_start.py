@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from batchscope.vllm_log import failure_cause
+from batchscope.vllm.log import failure_cause
 from tests.conftest import free_port
 from tests.tuner.support import run_files, tiny_plan, tune, write_plan
 

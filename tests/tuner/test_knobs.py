@@ -11,7 +11,7 @@ from batchscope.simulator.responses import VLLM_VERSION
 from batchscope.tuner.backends import SimulatorServer, command_argv, replace_knobs, simulator_argv
 from batchscope.tuner.observers import diff
 from batchscope.tuner.plan import CommandBackend, Plan, ServingParams, SimulatorBackend
-from batchscope.vllm_knobs import KNOBS, without_knobs
+from batchscope.vllm.knobs import KNOBS, without_knobs
 from tests.tuner.support import run_files, tiny_plan, tune, write_plan
 
 MODEL = "/tmp/tinymodel"

@@ -1,6 +1,6 @@
 """The end of a run on the controller: the summary (printed and written) and the process's exit status.
 
-Exit status (batchscope/exits.py): OK, or UNBALANCED when started != sum of outcomes, RUN_FAILED when the
+Exit status (batchscope/inputs/exits.py): OK, or UNBALANCED when started != sum of outcomes, RUN_FAILED when the
 summary names a failure, INTERRUPTED after a signal. Failed requests under the spec's threshold are outcomes,
 not a crash: Locust's own "some requests failed" status 1 becomes OK.
 """
@@ -13,7 +13,7 @@ from locust.env import Environment
 from locust.runners import WorkerRunner
 from prometheus_client import generate_latest
 
-from batchscope import exits
+from batchscope.inputs import exits
 from batchscope.loadgen.adapter.interrupts import finish_stop
 from batchscope.loadgen.adapter.session import session
 from batchscope.loadgen.summary import Summary, print_summary

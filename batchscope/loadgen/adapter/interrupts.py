@@ -14,7 +14,7 @@ import signal
 import gevent
 from locust.env import Environment
 
-from batchscope import exits
+from batchscope.inputs import exits
 from batchscope.loadgen.adapter.messages import quit_worker
 from batchscope.loadgen.adapter.session import runner_of, session
 from batchscope.loadgen.control import RunControl

@@ -19,7 +19,7 @@ from locust.env import Environment
 from locust.runners import MasterRunner, Runner, WorkerRunner
 from prometheus_client import CollectorRegistry, start_http_server
 
-from batchscope import exits
+from batchscope.inputs import exits
 from batchscope.loadgen.adapter import interrupts, messages
 from batchscope.loadgen.adapter.finish import on_quitting
 from batchscope.loadgen.adapter.options import add_arguments, check_options

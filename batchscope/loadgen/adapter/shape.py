@@ -15,7 +15,7 @@ import time
 from locust.env import Environment
 from locust.runners import MasterRunner
 
-from batchscope import exits
+from batchscope.inputs import exits
 from batchscope.loadgen.adapter import messages
 from batchscope.loadgen.adapter.session import runner_of, sender, session
 from batchscope.loadgen.spec import OfflineLoad, SpecError

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from batchscope.secrets import mask_argv
+from batchscope.inputs.secrets import mask_argv
 
 SCHEMA_VERSION: Final = 1
 MAX_BYTES: Final = 64 * 1024  # a command line and three names: far below; a bigger file is not a live file

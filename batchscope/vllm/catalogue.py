@@ -5,7 +5,7 @@ checked against captured /metrics in tests/fixtures/vllm-metrics-sample.txt and,
 follows, a real vLLM 0.32.0 /metrics under load (tests/fixtures/vllm-0.32-cpu-metrics.txt). The simulator serves
 these, the exporter's tests and the exporter bench expect them. Names are vLLM's code names: prometheus_client
 exposes a counter ``vllm:prompt_tokens`` as ``vllm:prompt_tokens_total`` (``exposed_name``). Bucket boundaries
-live in batchscope.vllm_buckets.
+live in batchscope.vllm.buckets.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ ENGINE_LABELS = ("model_name", "engine")  # served model name, data-parallel eng
 
 # /metrics' Content-Type in 0.32, whatever the Accept header (the body is the classic text, `_created` series and
 # all). Prometheus 2.x reads any text/plain as the classic format; batchscope's own servers answer 0.0.4
-# (batchscope.exposition) because prometheus-client would otherwise negotiate escaped names
+# (batchscope.exporter.exposition) because prometheus-client would otherwise negotiate escaped names
 EXPOSITION_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
 
 # label values, in vLLM 0.32's order (every one is exposed, at 0 until it happens)
