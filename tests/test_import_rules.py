@@ -5,7 +5,9 @@ Everything installed lives under one name, batchscope: the four components (batc
 which the wheel leaves out. Data flows simulator → load generator → exporter → Prometheus → Grafana, and the tuner
 drives them, so:
 - the simulator, the load generator and the exporter import none of the other components (only shared modules);
-- the tuner may import them all (it starts servers and loads, re-reads their files and runs the engine);
+- the tuner may import them all (it starts servers and loads, re-reads their files and runs the engine), but only
+  through their faces: a component reaches another through ``batchscope.<component>`` and the names its
+  ``__init__`` lists in ``__all__``, never an internal module;
 - batchscope's shared modules import no component: batchscope/cli.py names the commands' modules as strings and
   imports only the chosen one (checked here against the components' cli modules);
 - batchscope.testkit, the support library of tests and benches, is imported only by tests/, bench/ and itself;
@@ -75,12 +77,32 @@ def sources(room: str, root: Path = ROOT) -> list[Path]:
     return sorted((root / FOLDERS[room]).rglob("*.py"))
 
 
+@functools.cache
+def face(component: str, root: Path = ROOT) -> frozenset[str]:
+    """The names a component's ``__init__`` lists in ``__all__`` (read with ast, nothing imported)."""
+    tree = ast.parse((root / "batchscope" / component / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+            if isinstance(target, ast.Name) and target.id == "__all__":
+                return frozenset(ast.literal_eval(node.value))
+    return frozenset()
+
+
+def through_face(name: str, root: Path = ROOT) -> bool:
+    """Whether a name of another component is its package or a name its face lists."""
+    parts = name.split(".")
+    return len(parts) == 2 or (len(parts) == 3 and parts[2] in face(parts[1], root))
+
+
 def refused_imports(room: str, root: Path = ROOT) -> dict[str, list[str]]:
-    """file -> the project modules it imports from rooms it may not."""
+    """file -> the project modules it imports from rooms it may not, or from another component past its face."""
     found = {}
     for path in sources(room, root):
         refused = sorted(name for name in imported_modules(path)
-                         if room_of_module(name) not in {None, room, *ALLOWED[room]})
+                         if room_of_module(name) not in {None, room, *ALLOWED[room]}
+                         or (room in COMPONENTS and room_of_module(name) in COMPONENTS
+                             and room_of_module(name) != room and not through_face(name, root)))
         if refused:
             found[str(path.relative_to(root))] = refused
     return found
@@ -137,3 +159,15 @@ def test_a_component_importing_another_is_refused(tmp_path):
         "from batchscope.simulator.engine import Engine\nfrom batchscope.vllm import knobs\nimport yaml\n")
     assert refused_imports("exporter", tmp_path) == {
         "batchscope/exporter/x.py": ["batchscope.simulator.engine", "batchscope.simulator.engine.Engine"]}
+
+
+def test_a_component_reaching_past_anothers_face_is_refused(tmp_path):
+    """The tuner may import the load generator's face and the names it lists, not its internal modules."""
+    for component in ("tuner", "loadgen"):
+        (tmp_path / "batchscope" / component).mkdir(parents=True)
+    (tmp_path / "batchscope" / "loadgen" / "__init__.py").write_text('__all__ = ["WorkloadSpec"]\n')
+    (tmp_path / "batchscope" / "tuner" / "x.py").write_text(
+        "from batchscope.loadgen import WorkloadSpec\nfrom batchscope.loadgen.spec import load_spec\n"
+        "from batchscope.loadgen import spec\n")
+    assert refused_imports("tuner", tmp_path) == {
+        "batchscope/tuner/x.py": ["batchscope.loadgen.spec", "batchscope.loadgen.spec.load_spec"]}

@@ -1,0 +1,29 @@
+"""The load generator's face: what other components use of it (the tuner's plans, readings and what-if runs).
+
+The load itself runs as `batchscope load` (batchscope.loadgen.cli) or Locust on the adapter's locustfile;
+everything else here is internal.
+"""
+
+from batchscope.loadgen.figures import RunFigures, counted
+from batchscope.loadgen.prompts import draw_prompt
+from batchscope.loadgen.request import RequestRecord, timed_elsewhere
+from batchscope.loadgen.sketch import ExactGaps
+from batchscope.loadgen.spec import (
+    DEFAULT_SLO_TPOT_S,
+    DEFAULT_SLO_TTFT_S,
+    MAX_TIMEOUT_S,
+    ConcurrencyLoad,
+    OfflineLoad,
+    PoissonLoad,
+    SloTargets,
+    WorkloadSpec,
+    within_slo,
+)
+from batchscope.loadgen.summary import Distribution, Summary, latencies
+from batchscope.loadgen.window import MeasurementWindow, final_window
+
+__all__ = [
+    "DEFAULT_SLO_TPOT_S", "DEFAULT_SLO_TTFT_S", "MAX_TIMEOUT_S", "ConcurrencyLoad", "Distribution", "ExactGaps",
+    "MeasurementWindow", "OfflineLoad", "PoissonLoad", "RequestRecord", "RunFigures", "SloTargets", "Summary",
+    "WorkloadSpec", "counted", "draw_prompt", "final_window", "latencies", "timed_elsewhere", "within_slo",
+]

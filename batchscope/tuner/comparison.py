@@ -10,7 +10,7 @@ from typing import Final, Literal
 from pydantic import BaseModel, Field
 
 import batchscope
-from batchscope.loadgen.spec import WorkloadSpec
+from batchscope.loadgen import WorkloadSpec
 from batchscope.tuner.bootstrap import CONFIDENCE, MIN_REPEATS, RESAMPLES, SEED, Evidence, Method
 from batchscope.tuner.plan import Objective, ServingParams, Slos
 from batchscope.tuner.results import ServerReport

@@ -39,7 +39,7 @@ from typing import Final, Literal
 from pydantic import BaseModel, Field
 
 import batchscope
-from batchscope.loadgen.spec import OfflineLoad, PoissonLoad
+from batchscope.loadgen import OfflineLoad, PoissonLoad
 from batchscope.tuner.plan import Plan, Slos
 from batchscope.tuner.results import RunResult, now_iso
 

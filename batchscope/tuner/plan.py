@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 
 from batchscope.inputs.secrets import mask_argv, mask_command
 from batchscope.inputs.validation import TAGGED_UNION_ERRORS, first_error, yaml_problem
-from batchscope.loadgen.spec import (
+from batchscope.loadgen import (
     DEFAULT_SLO_TPOT_S,
     DEFAULT_SLO_TTFT_S,
     MAX_TIMEOUT_S,

@@ -20,8 +20,7 @@ from typing import Final, Literal, NotRequired, TypedDict
 from pydantic import BaseModel, Field
 
 import batchscope
-from batchscope.loadgen.spec import WorkloadSpec
-from batchscope.loadgen.summary import Distribution
+from batchscope.loadgen import Distribution, WorkloadSpec
 from batchscope.tuner.plan import ServingParams, run_name
 
 # 2: a knob in params may be None (not passed, vLLM's default applied) and `reported` holds what the server chose;

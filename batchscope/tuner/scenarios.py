@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchscope.loadgen.spec import PoissonLoad
+from batchscope.loadgen import PoissonLoad
 from batchscope.tuner.backends import Server, make_server
 from batchscope.tuner.mlperf import (
     FOLDER_PREFIX,
@@ -44,7 +44,7 @@ from batchscope.workload import poisson
 
 if TYPE_CHECKING:
     from batchscope.runs.annotations import GrafanaAnnotator
-    from batchscope.simulator.engine import EngineCore, Step
+    from batchscope.simulator import EngineCore, Step
 
 SCENARIOS = ("server", "offline")
 ScenarioResult = ServerSearch | OfflineResult

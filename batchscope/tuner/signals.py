@@ -18,10 +18,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
-from batchscope.loadgen.figures import counted
-from batchscope.loadgen.request import RequestRecord
-from batchscope.loadgen.summary import Summary
-from batchscope.loadgen.window import MeasurementWindow
+from batchscope.loadgen import MeasurementWindow, RequestRecord, Summary, counted
 from batchscope.tuner.plan import Slos
 from batchscope.tuner.results import ClientFigures, RequestSamples, ServerReport, ServerSignals, hit_rate
 from batchscope.vllm.catalogue import current_sample_name

@@ -34,29 +34,40 @@ import numpy as np
 from pydantic import ValidationError
 
 from batchscope.inputs.secrets import mask_argv
-from batchscope.loadgen.figures import RunFigures, counted
-from batchscope.loadgen.prompts import draw_prompt
-from batchscope.loadgen.request import RequestRecord, timed_elsewhere
-from batchscope.loadgen.sketch import ExactGaps
-from batchscope.loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
-from batchscope.loadgen.summary import latencies
-from batchscope.loadgen.window import MeasurementWindow, final_window
-from batchscope.simulator.config import Deployment, ServeConfig, validation_message
-from batchscope.simulator.cost import StepCostModel
-from batchscope.simulator.engine import EngineCore, Step
-from batchscope.simulator.profile import Profile
-from batchscope.simulator.responses import VLLM_VERSION
-from batchscope.simulator.stats import EngineStats
-from batchscope.simulator.virtual import (
+from batchscope.loadgen import (
+    ConcurrencyLoad,
+    ExactGaps,
+    MeasurementWindow,
+    OfflineLoad,
+    PoissonLoad,
+    RequestRecord,
+    RunFigures,
+    WorkloadSpec,
+    counted,
+    draw_prompt,
+    final_window,
+    latencies,
+    timed_elsewhere,
+)
+from batchscope.simulator import (
+    VLLM_VERSION,
     ClosedLoop,
+    Deployment,
+    EngineCore,
+    EngineStats,
     FixedArrivals,
+    Profile,
     PromptIds,
     RequestSpec,
+    ServeConfig,
+    Step,
+    StepCostModel,
     StepObserver,
     TimedResult,
     run_timed,
+    validation_message,
 )
-from batchscope.simulator.virtual import RequestRecord as VirtualRecord
+from batchscope.simulator import RequestRecord as VirtualRecord
 from batchscope.tuner.plan import Plan, ServingParams, SimulatorBackend, Slos
 from batchscope.tuner.results import (
     ClientFigures,
