@@ -35,11 +35,12 @@ from batchscope.exporter.fetch import Workers
 from batchscope.exporter.health import REASONS, DownCause, DownReporter, down_cause
 from batchscope.exporter.slo import SloFlags, SloGauge
 from batchscope.runs.live_run import LiveFileError, LiveRun, read_live_file
-from batchscope.wire.bounded_read import JSON_MAX_BYTES, METRICS_MAX_BYTES, FetchTimeout, fetch
+from batchscope.vllm import catalogue
+from batchscope.vllm.scrape import Unreadable, read_text
+from batchscope.wire.bounded_read import JSON_MAX_BYTES, FetchTimeout, fetch
 
 log = logging.getLogger("batchscope.exporter")
-PREFIXES = {"vllm": "vllm:", "loadgen": "batchscope_client_"}  # target -> the families it contributes
-METRICS_HEADERS = {"Accept": "text/plain"}
+PREFIXES = {"vllm": catalogue.PREFIX, "loadgen": "batchscope_client_"}  # target -> the families it contributes
 JSON_PATHS = ("/v1/models", "/version")
 
 
@@ -200,15 +201,15 @@ class BatchscopeCollector(Collector):
         started = self._timer()
         result = TargetScrape()
         try:
-            body = fetch(self._workers.session(), url, deadline=deadline, max_bytes=METRICS_MAX_BYTES,
-                         headers=METRICS_HEADERS)
-            parsed = self._parsers[prefix].parse(body.text())
+            text = read_text(self._workers.session(), url, timeout_s=deadline - time.monotonic())
+            parsed = self._parsers[prefix].parse(text)
             result.families = families.contributed(parsed, prefix)
             result.start_time_s = next((f.samples[0].value for f in parsed
                                         if f.name == "process_start_time_seconds" and f.samples), None)
             result.up = True
         except Exception as exc:  # whatever the upstream did, the target is down at this scrape; the cause says why
-            result.cause = down_cause(exc, self._sources.timeout_s)
+            cause = exc.__cause__ if isinstance(exc, Unreadable) and exc.__cause__ is not None else exc
+            result.cause = down_cause(cause, self._sources.timeout_s)
         result.duration_s = self._timer() - started
         return result
 
@@ -329,7 +330,7 @@ def _moved(now: float | None, before: float | None) -> bool | None:
 
 def cache_config_labels(vllm_families: list[Metric]) -> dict[str, str]:
     for family in vllm_families:
-        if family.name == "vllm:cache_config_info" and family.samples:
+        if family.name == catalogue.CACHE_CONFIG_INFO.name and family.samples:
             return dict(family.samples[0].labels)
     return {}
 

@@ -18,17 +18,10 @@ import threading
 from typing import Final
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
 
+from batchscope.vllm import catalogue
 from batchscope.vllm.catalogue import RENAMES
-
-
-def parse(text: str) -> list[Metric]:
-    """Every family of a text exposition; raises ValueError on malformed input."""
-    try:
-        return list(text_string_to_metric_families(text))
-    except Exception as exc:  # the parser raises several types on bad input; all mean "malformed"
-        raise ValueError(f"malformed exposition: {exc}") from exc
+from batchscope.vllm.scrape import families as parse  # the full parse the incremental one falls back to
 
 
 class IncrementalParser:
@@ -101,7 +94,7 @@ def contributed(parsed: list[Metric], prefix: str) -> list[Metric]:
     """The families a target contributes: those under its prefix and, for vLLM's ("vllm:"), its API server's
     HTTP and CPU counters under batchscope_vllm_ names."""
     own = [family for family in parsed if family.name.startswith(prefix)]
-    if prefix != "vllm:":
+    if prefix != catalogue.PREFIX:
         return own
     return own + [_rename(family, family.name, API_SERVER[family.name]) for family in parsed
                   if family.name in API_SERVER]

@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 import requests
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.simulator.calibrate_fit import (
     PREFILL_OUTPUT,
@@ -51,8 +50,9 @@ from batchscope.simulator.calibrate_fit import (
     rate,
 )
 from batchscope.simulator.engine import SchedulerLimits
-from batchscope.simulator.histogram_deltas import histogram_means, sample_delta, sample_sums
+from batchscope.simulator.histogram_deltas import histogram_means, sample_delta
 from batchscope.simulator.profile import Calibration, Profile, Residual
+from batchscope.vllm import catalogue, scrape
 from batchscope.wire.bounded_read import METRICS_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
 
 NOISE_LIMIT = 0.15  # default of both judges: the repeated phase's move, the RMS of the fit's relative errors
@@ -64,8 +64,8 @@ _SESSION = requests.Session()  # one connection to the probed server across the 
 IDLE_DEADLINE_S = 60.0
 LOAD_GRACE_S = 120.0  # a phase's `batchscope load` may take this long beyond its duration (start-up, its end)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-FIGURES = {"prefill": "vllm:request_prefill_time_seconds", "itl": "vllm:inter_token_latency_seconds",
-           "queue": "vllm:request_queue_time_seconds", "ttft": "vllm:time_to_first_token_seconds"}
+FIGURES = {"prefill": catalogue.REQUEST_PREFILL_TIME.name, "itl": catalogue.INTER_TOKEN_LATENCY.name,
+           "queue": catalogue.REQUEST_QUEUE_TIME.name, "ttft": catalogue.TIME_TO_FIRST_TOKEN.name}
 
 
 class CalibrationError(Exception):
@@ -122,7 +122,7 @@ def read_server(url: str, max_num_seqs: int, max_num_batched_tokens: int) -> Ser
     if models.status_code == 401:
         raise CalibrationError(f"--url: {url} wants an API key (HTTP 401); calibrate a server without one")
     metrics = _get(url, "/metrics")
-    info = _cache_config(metrics.text) if metrics.status_code == 200 else None
+    info = scrape.info_labels(metrics.text, catalogue.CACHE_CONFIG_INFO.name) if metrics.status_code == 200 else None
     version = _get(url, "/version")
     if models.status_code != 200 or info is None or version.status_code != 200:
         raise CalibrationError(f"--url: {url} is not vLLM (no /v1/models, /version or vllm:cache_config_info)")
@@ -135,16 +135,6 @@ def read_server(url: str, max_num_seqs: int, max_num_batched_tokens: int) -> Ser
                   enable_prefix_caching=info.get("enable_prefix_caching") == "True",
                   kv_cache_memory_bytes=int(kv_bytes) if kv_bytes and kv_bytes.isdigit() else None,
                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-
-
-def _cache_config(text: str) -> dict[str, str] | None:
-    try:
-        for family in text_string_to_metric_families(text):
-            if family.name == "vllm:cache_config_info" and family.samples:
-                return dict(family.samples[0].labels)
-    except ValueError:  # not Prometheus text at all
-        return None
-    return None
 
 
 def read_model_config(path: str) -> dict:
@@ -212,7 +202,7 @@ class Measured:
 def run_phase(server: Server, phase: Phase, workdir: Path, seed: int) -> Measured:
     """Run ``phase`` with `batchscope load` and read vLLM's histograms over it (the server idle before and after)."""
     wait_idle(server.url)
-    before = sample_sums(_get(server.url, "/metrics").text)
+    before = scrape.sample_sums(_get(server.url, "/metrics").text)
     out = workdir / phase.name
     spec = {"model": server.model, "endpoint": "completions", "input_tokens": phase.prompt,
             "output_tokens": phase.output, "stream": True, "timeout_s": 60, "seed": seed, "warmup_s": 0,
@@ -230,7 +220,7 @@ def run_phase(server: Server, phase: Phase, workdir: Path, seed: int) -> Measure
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise CalibrationError(f"probe phase {phase.name}: batchscope load failed ({last})")
     wait_idle(server.url)
-    means = phase_means(before, sample_sums(_get(server.url, "/metrics").text))
+    means = phase_means(before, scrape.sample_sums(_get(server.url, "/metrics").text))
     summary = json.loads((out / "summary.json").read_text())
     return Measured(phase, means, summary["ttft"]["mean"])
 
@@ -241,7 +231,8 @@ def phase_means(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     one message when it falls behind (1.05-1.6 steps a message on the CPU build here)."""
     delta = sample_delta(before, after)
     means = histogram_means(delta, FIGURES)
-    decoded = delta.get("vllm:generation_tokens_total", 0) - delta.get("vllm:time_to_first_token_seconds_count", 0)
+    decoded = (delta.get(catalogue.GENERATION_TOKENS.exposed_name, 0)
+               - delta.get(catalogue.TIME_TO_FIRST_TOKEN.sample("_count"), 0))
     if means["itl"] is not None and decoded > 0:
         means["itl"] = delta[FIGURES["itl"] + "_sum"] / decoded
     return means
@@ -251,8 +242,10 @@ def wait_idle(url: str) -> None:
     """Poll until no request is running or waiting (a phase's cut requests end after its load does)."""
     deadline = time.monotonic() + IDLE_DEADLINE_S
     while time.monotonic() < deadline:
-        values = sample_sums(_get(url, "/metrics").text)
-        if values.get("vllm:num_requests_running", 0.0) + values.get("vllm:num_requests_waiting", 0.0) == 0:
+        values = scrape.sample_sums(_get(url, "/metrics").text)
+        in_flight = (values.get(catalogue.NUM_REQUESTS_RUNNING.name, 0.0)
+                     + values.get(catalogue.NUM_REQUESTS_WAITING.name, 0.0))
+        if in_flight == 0:
             return
         time.sleep(0.1)  # polling interval, bounded by the deadline
     raise CalibrationError(f"--url: {url} kept requests running for {IDLE_DEADLINE_S:g} s: is another load on it?")

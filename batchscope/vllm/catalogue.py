@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
+PREFIX: Final = "vllm:"  # every vLLM family's name starts so
 ENGINE_LABELS = ("model_name", "engine")  # served model name, data-parallel engine index ("0", "1", ...)
 
 # /metrics' Content-Type in 0.32, whatever the Accept header (the body is the classic text, `_created` series and
@@ -45,6 +46,10 @@ class VllmMetric:
     def exposed_name(self) -> str:
         """The family's name in a text exposition (prometheus_client appends ``_total`` to counters)."""
         return self.name + "_total" if self.kind == "counter" else self.name
+
+    def sample(self, suffix: str) -> str:
+        """A sample's name of the family: ``_sum``, ``_count``, ``_bucket`` of a histogram, ``_total`` of a counter."""
+        return self.name + suffix
 
 
 def _gauge(name: str, help_text: str, labels: tuple[str, ...] = ENGINE_LABELS) -> VllmMetric:

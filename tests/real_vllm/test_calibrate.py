@@ -48,10 +48,11 @@ import yaml
 from batchscope.loadgen.spec import WorkloadSpec
 from batchscope.simulator.calibrate import wait_idle
 from batchscope.simulator.frontend import FrontEnd
-from batchscope.simulator.histogram_deltas import histogram_means, sample_delta, sample_sums
+from batchscope.simulator.histogram_deltas import histogram_means, sample_delta
 from batchscope.simulator.profile import load_profile
 from batchscope.tuner.plan import Plan
 from batchscope.tuner.whatif import run_what_if
+from batchscope.vllm.scrape import sample_sums
 from tests.real_vllm.support import SHARED_FLAGS, VllmServer, tier
 
 # the calibration (45 s of load + 9 load generator starts), nine real runs and nine of one user, nine vLLM starts:

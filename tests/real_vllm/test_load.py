@@ -17,7 +17,7 @@ import pytest
 
 from batchscope.loadgen.spec import WorkloadSpec
 from batchscope.loadgen.target import probes_answered
-from batchscope.simulator.histogram_deltas import sample_sums
+from batchscope.vllm.scrape import sample_sums
 from tests.conftest import run_load
 from tests.real_vllm.support import SERVED_NAME, VllmServer, tier
 
