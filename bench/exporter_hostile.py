@@ -38,6 +38,7 @@ from batchscope.testkit.hostile import HostileServer
 from batchscope.testkit.processes import Child, SetupError
 from batchscope.testkit.procfs import status_mb
 from batchscope.testkit.report import add_json_option, argument_parser, table, targets_table, write_json
+from batchscope.vllm import catalogue
 from batchscope.wire.listen import free_port
 
 SCRAPE_TIMEOUT_S = 2.0  # the exporter's --scrape-timeout-s (its default)
@@ -78,7 +79,7 @@ def answer(body: bytes) -> tuple[int, str, bool]:
                 up = int(sample.value)
             elif family.name == "batchscope_scrape_error_info" and sample.labels.get("target") == "vllm":
                 reason = sample.labels["reason"]
-            elif family.name.startswith("vllm:") and "model_name" in sample.labels:
+            elif family.name.startswith(catalogue.PREFIX) and "model_name" in sample.labels:
                 labels_ok &= sample.labels["model_name"] in ("modèle", "hostile-model")
     return up, reason, labels_ok
 

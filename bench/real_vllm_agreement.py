@@ -34,11 +34,12 @@ from batchscope.loadgen.spec import WorkloadSpec
 from batchscope.loadgen.target import probes_answered
 from batchscope.testkit.report import add_json_option, argument_parser, table, targets_table, write_json
 from batchscope.testkit.vllm import Tier
+from batchscope.vllm import catalogue
 from batchscope.wire.listen import free_port
 
-FIGURES = (("TTFT", "ttft_s", "vllm:time_to_first_token_seconds"),
-           ("TPOT", "tpot_s", "vllm:request_time_per_output_token_seconds"),
-           ("E2E", "e2e_s", "vllm:e2e_request_latency_seconds"))
+FIGURES = (("TTFT", "ttft_s", catalogue.TIME_TO_FIRST_TOKEN.name),
+           ("TPOT", "tpot_s", catalogue.REQUEST_TIME_PER_OUTPUT_TOKEN.name),
+           ("E2E", "e2e_s", catalogue.E2E_REQUEST_LATENCY.name))
 SERVER_FLAGS = ("--max-model-len", "1024", "--max-num-seqs", "8", "--max-num-batched-tokens", "1024")
 
 

@@ -125,7 +125,8 @@ def read_server(url: str, max_num_seqs: int, max_num_batched_tokens: int) -> Ser
     info = scrape.info_labels(metrics.text, catalogue.CACHE_CONFIG_INFO.name) if metrics.status_code == 200 else None
     version = _get(url, "/version")
     if models.status_code != 200 or info is None or version.status_code != 200:
-        raise CalibrationError(f"--url: {url} is not vLLM (no /v1/models, /version or vllm:cache_config_info)")
+        raise CalibrationError(f"--url: {url} is not vLLM (no /v1/models, /version or "
+                               f"{catalogue.CACHE_CONFIG_INFO.name})")
     first = models.json()["data"][0]
     kv_bytes = info.get("kv_cache_memory_bytes")
     return Server(url=url, model=first["id"], root=first.get("root") or first["id"],

@@ -18,6 +18,7 @@ from batchscope.inputs.secrets import mask_mapping
 from batchscope.simulator.config import Deployment, ServeConfig, validation_message
 from batchscope.simulator.profile import builtin_profiles
 from batchscope.simulator.responses import VLLM_VERSION
+from batchscope.vllm import knobs
 from batchscope.wire.listen import listen
 
 Serve = Callable[[Deployment, socket.socket, asyncio.Event], Awaitable[None]]
@@ -33,9 +34,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (logged at start-up)")
     serve.add_argument("--served-model-name")
-    serve.add_argument("--max-num-seqs", type=int, default=128)
-    serve.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    serve.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    for name in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"):
+        knob = knobs.BY_NAME[name]
+        serve.add_argument(knob.flag, type=type(knob.baseline), default=knob.baseline,
+                           help=f"{knob.meaning} (default {knob.baseline:g}: the seed's baseline, SchedulerConfig's "
+                                "default; `vllm serve` sizes it by device)")
     serve.add_argument("--max-model-len", type=int, help="default: the profile's model context length")
     serve.add_argument("--num-gpu-blocks-override", type=int, metavar="N",
                        help="KV blocks to use instead of what memory allows (a fixed cache size)")

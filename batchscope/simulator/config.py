@@ -6,7 +6,16 @@ import typing
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from batchscope.inputs.validation import first_error
 from batchscope.simulator.cost import StepCostModel
@@ -14,8 +23,17 @@ from batchscope.simulator.engine import EngineCore, SchedulerLimits
 from batchscope.simulator.frontend import FrontEnd
 from batchscope.simulator.memory import KvCachePlan, plan_kv_cache
 from batchscope.simulator.profile import CPU_BLOCK_MULTIPLE, DEFAULT_BLOCK_SIZE, Profile, load_profile
+from batchscope.vllm import knobs
 
 BlockSize = Literal[1, 8, 16, 32, 64, 128]
+
+
+def knob_field(name: str) -> typing.Any:
+    """A ServeConfig field for one of vLLM's knobs: the simulator's value when unset (batchscope.vllm.knobs'
+    baseline, vLLM's SchedulerConfig default rather than `vllm serve`'s device-sized one) and its meaning."""
+    knob = knobs.BY_NAME[name]
+    return Field(knob.baseline, description=f"{knob.meaning.capitalize()}; unset: {knob.baseline:g} (the seed's "
+                                            "baseline; vLLM sizes it by device).")
 
 
 class ServeConfig(BaseModel):
@@ -27,11 +45,9 @@ class ServeConfig(BaseModel):
     served_model_name: str | None = Field(None, description="Name the API reports; defaults to model.")
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on (0 picks a free one).")
-    max_num_seqs: int = Field(128, gt=0, description="Maximum number of sequences per iteration.")
-    max_num_batched_tokens: int = Field(2048, gt=0, description="Maximum number of tokens per iteration.")
-    gpu_memory_utilization: float = Field(
-        0.92, description="Fraction of GPU memory for weights, activations and KV cache, in (0, 1]."
-    )
+    max_num_seqs: int = knob_field("max_num_seqs")
+    max_num_batched_tokens: int = knob_field("max_num_batched_tokens")
+    gpu_memory_utilization: float = knob_field("gpu_memory_utilization")
     max_model_len: int | None = Field(None, gt=0, description="Prompt + output limit; defaults to the profile's.")
     vocab_size: int | None = Field(None, gt=0, description="Simulator only: the model's vocabulary (prompt ids "
                                    "must be below it); defaults to the profile's.")
@@ -59,20 +75,20 @@ class ServeConfig(BaseModel):
                                      "for one stream, one write), real busy work as a slow detokenizer or output "
                                      "processor costs, seconds; 0: none.")
 
-    @field_validator("gpu_memory_utilization")
+    @field_validator("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization")
     @classmethod
-    def _check_utilization(cls, value: float) -> float:
-        if not 0 < value <= 1:
-            raise ValueError(f"must be in (0, 1], got {value}")
+    def _check_bounds(cls, value: float, info: ValidationInfo) -> float:
+        knob = knobs.BY_NAME[info.field_name or ""]
+        if not knob.above < value <= knob.at_most:
+            raise ValueError(f"must be in ({knob.above:g}, {knob.at_most:g}], got {value:g}")
         return value
 
     @model_validator(mode="after")
     def _check_budget(self) -> ServeConfig:
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or equal to "
-                f"max_num_seqs ({self.max_num_seqs})."
-            )
+        problem = knobs.cross_knob_problem({"max_num_seqs": self.max_num_seqs,
+                                            "max_num_batched_tokens": self.max_num_batched_tokens})
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property

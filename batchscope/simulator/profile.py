@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from batchscope.inputs.validation import first_error
+from batchscope.vllm import catalogue
 
 _UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGT]iB|B)?\s*$")
@@ -48,8 +49,8 @@ class Residual(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     phase: str = Field(description="Probe phase: its users, prompt and output lengths (e.g. c1-p512-o8).")
-    figure: str = Field(description="prefill (vllm:request_prefill_time_seconds) or itl "
-                        "(vllm:inter_token_latency_seconds), the phase's mean.")
+    figure: str = Field(description=f"prefill ({catalogue.REQUEST_PREFILL_TIME.name}) or itl "
+                        f"({catalogue.INTER_TOKEN_LATENCY.name}), the phase's mean.")
     measured_s: float = Field(description="The server's mean over the phase, seconds.")
     predicted_s: float = Field(description="The fitted cost model's mean over the phase's simulated schedule, s.")
     error: float = Field(description="predicted / measured - 1.")

@@ -20,14 +20,16 @@ import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
+from batchscope.vllm import catalogue
+
 HEAD_LIMIT = 65536  # a request's head, bytes
 BODY_LIMIT = 1 << 20  # a request's body, bytes
 ENDLESS_S = 120.0  # an endless body stops after this long even if the peer keeps reading
 FILL = b"a" * (1 << 20)  # what endless bodies are made of, 1 MiB a write
 MODEL = "hostile-model"
-METRICS = ('# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
-           '# TYPE vllm:num_requests_running gauge\n'
-           f'vllm:num_requests_running{{engine="0",model_name="{MODEL}"}} 0.0\n').encode()
+RUNNING = catalogue.NUM_REQUESTS_RUNNING
+METRICS = (f'# HELP {RUNNING.name} {RUNNING.help}\n# TYPE {RUNNING.name} gauge\n'
+           f'{RUNNING.name}{{engine="0",model_name="{MODEL}"}} 0.0\n').encode()
 
 STREAM_MODES = ("ok", "chunk-negative", "chunk-nonhex", "chunk-huge", "error-body-endless", "event-endless",
                 "event-not-object", "choices-not-list", "usage-not-object", "events-after-done", "too-many-events",

@@ -2,9 +2,10 @@
 
 A knob left unset is not passed, so vLLM picks its value: a fixed default for some, one that depends on the
 device, the model or the release for the others (``default`` None, ``default_rule`` says how vLLM picks it).
-What a server chose is read back from it after a start, not assumed from here. The argv helpers write the set
-knobs' flags and remove knob flags from a command line written either way, ``--max-num-seqs 8`` or
-``--max_num_seqs=8``.
+What a server chose is read back from it after a start, not assumed from here. The simulator, which has no
+device to size by, takes ``baseline`` for an unset knob: SchedulerConfig's own default, the seed's baseline.
+The argv helpers write the set knobs' flags and remove knob flags from a command line written either way,
+``--max-num-seqs 8`` or ``--max_num_seqs=8``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class Knob:
     default: KnobValue | None  # vLLM's value when the flag is not passed, where one value holds for every server
     default_rule: str  # how vLLM picks its value when the flag is not passed (beyond ``default``)
     meaning: str
+    # the simulator's value when unset, where it differs from vLLM's on purpose: SchedulerConfig's class default
+    # (the seed's baseline, 128 / 2048), not the device-sized one `vllm serve` picks (1024 / 8192 on an H100)
+    baseline: KnobValue | None = None
 
     @property
     def flag(self) -> str:
@@ -45,12 +49,13 @@ KNOBS: Final = (
     # by device memory for `vllm serve` (EngineArgs.get_batch_defaults, v0.32): >= 160 GiB, >= 70 GiB but not
     # A100, other GPUs, the CPU build (times the world size there)
     Knob("max_num_seqs", 0, 100_000, None, "by device: 1024 on GPUs of 70 GiB or more but A100, 256 on "
-         "other GPUs, 128 per rank on the CPU build", "sequences per scheduler step"),
+         "other GPUs, 128 per rank on the CPU build", "sequences per scheduler step", baseline=128),
     Knob("max_num_batched_tokens", 0, 10_000_000, None, "by device: 16384 on GPUs of 160 GiB or more, 8192 "
-         "of 70 GiB or more but A100, 2048 on other GPUs and per rank on the CPU build", "tokens per scheduler step"),
+         "of 70 GiB or more but A100, 2048 on other GPUs and per rank on the CPU build", "tokens per scheduler step",
+         baseline=2048),
     Knob("gpu_memory_utilization", 0, 1, 0.92, "0.9 before v0.25; on the CPU build the fraction "
          "of NUMA node 0's memory, ignored when VLLM_CPU_KVCACHE_SPACE is set", "fraction of device memory, in "
-         "(0, 1]"),
+         "(0, 1]", baseline=0.92),
     Knob("max_model_len", 0, 10_000_000, None, "the model's context length, from its config",
          "prompt + output limit, tokens"),
     Knob("block_size", 0, 1024, None, "by attention backend: 16 on CUDA, 128 on the CPU build, which takes "
@@ -68,10 +73,10 @@ DEFAULT_TEXT = "vLLM default"  # how an unset knob reads in a diff or a report: 
 
 def cross_knob_problem(values: Mapping[str, KnobValue | None]) -> str | None:
     """vLLM's rule across knobs (SchedulerConfig): max_num_batched_tokens >= max_num_seqs, checked when both are
-    set (vLLM's own defaults satisfy it); the problem as one line, or None."""
+    set (vLLM's own defaults satisfy it); the problem as one line in vLLM's words, or None."""
     seqs, tokens = values.get("max_num_seqs"), values.get("max_num_batched_tokens")
     if seqs is not None and tokens is not None and tokens < seqs:
-        return f"max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs}) (vLLM's rule)"
+        return f"max_num_batched_tokens ({tokens}) must be greater than or equal to max_num_seqs ({seqs})."
     return None
 
 

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.testkit.processes import SetupError
 from batchscope.testkit.procfs import core_busy_seconds, cpu_seconds, status_mb
+from batchscope.vllm import catalogue
 from batchscope.wire.listen import free_port
 from scrape.exporter import scrape, start_exporter, wait_ready
 from scrape.settings import BENCH_CORE, EXPORTER_CORE, MAX_P99_MS, MAX_RSS_MB, STOP_TIMEOUT_S, TARGETS
@@ -92,7 +93,7 @@ def target_values(body: bytes, family: str) -> dict[str, float]:
 def check_output(body: bytes, vllm_text: bytes, client_text: bytes) -> list[str]:
     """What is wrong with the exporter's answer; empty when it carries every upstream series and both are up."""
     problems = []
-    expected_vllm, got_vllm = sample_lines(vllm_text, "vllm:"), sample_lines(body, "vllm:")
+    expected_vllm, got_vllm = sample_lines(vllm_text, catalogue.PREFIX), sample_lines(body, catalogue.PREFIX)
     if got_vllm != expected_vllm:
         problems.append(f"vllm:* series: {got_vllm} exposed, {expected_vllm} upstream")
     client = series_keys(client_text, "batchscope_client_")
@@ -136,7 +137,8 @@ def summarize(window: Window, hwm_mb: float, vllm_text: bytes, client_text: byte
     ms = np.asarray(window.latencies_s) * 1000
     wall = max(window.wall_s, 1e-9)
     return Result(
-        vllm_series=sample_lines(vllm_text), vllm_prefixed_series=sample_lines(vllm_text, "vllm:"), engines=engines,
+        vllm_series=sample_lines(vllm_text), vllm_prefixed_series=sample_lines(vllm_text, catalogue.PREFIX),
+        engines=engines,
         vllm_kb=len(vllm_text) / 1024, client_series=sample_lines(client_text),
         exporter_series=sample_lines(window.last_body), exporter_kb=len(window.last_body) / 1024,
         scrapes=len(ms), p50_ms=float(np.percentile(ms, 50)), p99_ms=float(np.percentile(ms, 99)),
@@ -163,7 +165,8 @@ def run(args: argparse.Namespace) -> Result:
             body = scrape(port)[1]
             if problems := check_output(body, vllm_text, client_text):
                 raise SetupError("exporter output is wrong: " + "; ".join(problems))
-            sanity = (f"{sample_lines(body, 'vllm:')} of {sample_lines(vllm_text, 'vllm:')} vllm:* series and all "
+            exposed, upstream = sample_lines(body, catalogue.PREFIX), sample_lines(vllm_text, catalogue.PREFIX)
+            sanity = (f"{exposed} of {upstream} vllm:* series and all "
                       f"{len(series_keys(client_text, 'batchscope_client_'))} client series exposed, "
                       f"batchscope_up vllm=1 loadgen=1")
             window = measure(port, exporter.pid, args.scrapes, args.warmup)
