@@ -1,4 +1,5 @@
-"""One-line messages for pydantic validation errors: the first error as 'field.path: message'.
+"""One-line messages for bad input: a pydantic error's first field as 'field.path: message', a YAML error's place,
+a YAML file that must hold a mapping.
 
 Every configuration (the simulator's flags and profile, the load spec, the tuning plan) is a pydantic model; the
 user sees one line naming the field, never pydantic's multi-line report.
@@ -7,11 +8,13 @@ user sees one line naming the field, never pydantic's multi-line report.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
 TAGGED_UNION_ERRORS = ("union_tag_invalid", "union_tag_not_found")
+INPUT_MAX_BYTES = 4 << 20  # a spec or a plan is a few KB; a file this large is not one
 
 
 def first_error(exc: ValidationError, *, drop: Iterable[str] = (),
@@ -37,3 +40,26 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     if mark is None:
         return str(problem)
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
+def read_yaml_mapping(path: str | Path, what: str, error: type[ValueError], *, loader: type = yaml.SafeLoader,
+                      empty_ok: bool = False) -> dict:
+    """A YAML file holding a mapping of fields (read within INPUT_MAX_BYTES), else ``error`` saying
+    '<what>: ...' in one line; an empty file is an empty mapping when ``empty_ok``."""
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(INPUT_MAX_BYTES + 1)
+        if len(raw) > INPUT_MAX_BYTES:
+            raise error(f"{what}: {path} is larger than {INPUT_MAX_BYTES >> 20} MiB")
+        data = yaml.load(raw.decode(), Loader=loader)  # noqa: S506 (a SafeLoader or a subclass: the caller's)
+    except OSError as exc:
+        raise error(f"{what}: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise error(f"{what}: {path} is not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{what}: {path} is not valid YAML ({yaml_problem(exc)})") from None
+    if data is None and empty_ok:
+        return {}
+    if not isinstance(data, dict):
+        raise error(f"{what}: {path} must hold a mapping of fields")
+    return data
