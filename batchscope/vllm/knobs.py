@@ -28,7 +28,8 @@ class Knob:
     default_rule: str  # how vLLM picks its value when the flag is not passed (beyond ``default``)
     meaning: str
     # the simulator's value when unset, where it differs from vLLM's on purpose: SchedulerConfig's class default
-    # (the seed's baseline, 128 / 2048), not the device-sized one `vllm serve` picks (1024 / 8192 on an H100)
+    # (DEFAULT_MAX_NUM_SEQS 128, DEFAULT_MAX_NUM_BATCHED_TOKENS 2048 in vllm/config/scheduler.py, 0.32: the seed's
+    # baseline), not the device-sized one `vllm serve` picks (1024 / 8192 on an H100)
     baseline: KnobValue | None = None
 
     @property
