@@ -33,6 +33,7 @@ from batchscope.exporter.health import shown_url
 from batchscope.exporter.server import make_server, serve_in_thread
 from batchscope.exporter.slo import MAX_TARGET_S, SloFlags
 from batchscope.inputs import exits
+from batchscope.inputs.validation import read_input_text
 from batchscope.runs.annotations import GrafanaAnnotator
 from batchscope.wire import listen
 
@@ -144,7 +145,7 @@ def check(args: argparse.Namespace, names: Mapping[str, str]) -> None:
     if args.vllm_command_file is not None:
         path = Path(args.vllm_command_file)
         try:
-            text = path.read_text()
+            text = read_input_text(path)
         except OSError as exc:
             raise BadInput(f"{names['--vllm-command-file']}: cannot read {path} ({exc.strerror})") from None
         except UnicodeDecodeError:

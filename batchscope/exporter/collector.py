@@ -34,6 +34,7 @@ from batchscope.exporter.docker_source import ContainerView, DockerSource
 from batchscope.exporter.fetch import Workers
 from batchscope.exporter.health import REASONS, DownCause, DownReporter, down_cause
 from batchscope.exporter.slo import SloFlags, SloGauge
+from batchscope.inputs.validation import read_input_text
 from batchscope.runs.live_run import LiveFileError, LiveRun, read_live_file
 from batchscope.vllm import catalogue
 from batchscope.vllm.scrape import Unreadable, read_text
@@ -286,7 +287,7 @@ class BatchscopeCollector(Collector):
         src = self._sources
         if src.vllm_command_file is not None and src.vllm_command_file.exists():
             try:
-                text = src.vllm_command_file.read_text()  # re-read: a tuner rewrites it per setting
+                text = read_input_text(src.vllm_command_file)  # re-read: a tuner rewrites it per setting
                 return shlex.split(text) or None
             except (OSError, ValueError) as exc:  # never the file's text: it may hold a key
                 log.warning("--vllm-command-file %s: cannot read a command line (%s); using --vllm-command",

@@ -7,6 +7,7 @@ user sees one line naming the field, never pydantic's multi-line report.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 TAGGED_UNION_ERRORS = ("union_tag_invalid", "union_tag_not_found")
-INPUT_MAX_BYTES = 4 << 20  # a spec or a plan is a few KB; a file this large is not one
+INPUT_MAX_BYTES = 4 << 20  # a spec, a plan, a profile or a command line is a few KB; a file this large is not one
 
 
 def first_error(exc: ValidationError, *, drop: Iterable[str] = (),
@@ -42,16 +43,22 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
+def read_input_text(path: str | Path, max_bytes: int = INPUT_MAX_BYTES) -> str:
+    """A user's file as UTF-8 text, read within ``max_bytes``: OSError (strerror 'larger than N MiB' past the cap)
+    or UnicodeDecodeError, which the caller words as its one line."""
+    with open(path, "rb") as file:
+        raw = file.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than {max_bytes / (1 << 20):g} MiB")
+    return raw.decode()
+
+
 def read_yaml_mapping(path: str | Path, what: str, error: type[ValueError], *, loader: type = yaml.SafeLoader,
                       empty_ok: bool = False) -> dict:
     """A YAML file holding a mapping of fields (read within INPUT_MAX_BYTES), else ``error`` saying
     '<what>: ...' in one line; an empty file is an empty mapping when ``empty_ok``."""
     try:
-        with open(path, "rb") as file:
-            raw = file.read(INPUT_MAX_BYTES + 1)
-        if len(raw) > INPUT_MAX_BYTES:
-            raise error(f"{what}: {path} is larger than {INPUT_MAX_BYTES >> 20} MiB")
-        data = yaml.load(raw.decode(), Loader=loader)  # noqa: S506 (a SafeLoader or a subclass: the caller's)
+        data = yaml.load(read_input_text(path), Loader=loader)  # noqa: S506 (a SafeLoader or a subclass: the caller's)
     except OSError as exc:
         raise error(f"{what}: cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:

@@ -35,6 +35,7 @@ import numpy as np
 import requests
 import yaml
 
+from batchscope.inputs.validation import read_input_text
 from batchscope.simulator.calibrate_fit import (
     PREFILL_OUTPUT,
     ModelFacts,
@@ -143,8 +144,8 @@ def read_model_config(path: str) -> dict:
     file = Path(path)
     file = file / "config.json" if file.is_dir() else file
     try:
-        return json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        return json.loads(read_input_text(file))
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, not UTF-8
         raise CalibrationError(f"--model-config: cannot read the model's config.json at {file} ({exc}); pass "
                                f"--model-config FILE") from None
 

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from batchscope.inputs.validation import first_error
+from batchscope.inputs.validation import first_error, read_input_text
 from batchscope.vllm import catalogue
 
 _UNITS = {"": 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
@@ -157,7 +157,7 @@ def _read_profile_file(path: Path) -> str:
     if not path.is_file():
         raise ValueError(f"--profile: {path} is not a file")
     try:
-        return path.read_text()
+        return read_input_text(path)
     except OSError as exc:
         raise ValueError(f"--profile: cannot read {path} ({exc.strerror})") from None
     except UnicodeDecodeError:

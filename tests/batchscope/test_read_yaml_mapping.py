@@ -18,7 +18,7 @@ class Refused(ValueError):
     (b"a: [1\n", "is not valid YAML (line 2, column 1:"),
     (b"- 1\n", "must hold a mapping of fields"),
     (b"", "must hold a mapping of fields"),
-    (b"a: 1\n" + b"#" * INPUT_MAX_BYTES, "is larger than 4 MiB"),
+    (b"a: 1\n" + b"#" * INPUT_MAX_BYTES, "larger than 4 MiB"),
 ])
 def test_each_problem_is_one_line_naming_the_file(tmp_path, content, problem):
     path = tmp_path / "plan.yaml"

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from batchscope.cli import main
+from batchscope.inputs.validation import INPUT_MAX_BYTES
 
 SECRET = "sk-never-echo-4242"
 NO_SERVER = "http://127.0.0.1:9"  # never contacted: the input is refused first
@@ -43,6 +44,7 @@ CASES = {
     "scrape timeout nan": (["--scrape-timeout-s", "nan"], {}, "--scrape-timeout-s"),
     "missing command file": (["--vllm-command-file", "MISSING"], {}, "--vllm-command-file"),
     "command file is a folder": (["--vllm-command-file", "."], {}, "--vllm-command-file"),
+    "command file too large": (["--vllm-command-file", "HUGE"], {}, "--vllm-command-file"),
     "live file to follow is a folder": (["--follow", "."], {}, "--follow"),
     "env live file to follow is a folder": ([], {"BATCHSCOPE_FOLLOW": "."}, "BATCHSCOPE_FOLLOW"),
     "command with an open quote": (["--vllm-command", f'vllm serve "m --api-key {SECRET}'], {}, "--vllm-command"),
@@ -82,7 +84,9 @@ def run_in_process(args: list[str], env: dict[str, str], cwd, monkeypatch, capsy
 
 def arguments(case: str, tmp_path, busy_port: int) -> tuple[list[str], dict[str, str], str]:
     args, env, name = CASES[case]
-    replace = {"BUSY": str(busy_port), "MISSING": str(tmp_path / "no-such-file")}
+    huge = tmp_path / "huge-command"
+    huge.write_bytes(b"vllm serve m " * (INPUT_MAX_BYTES // 13 + 1))  # read within the cap, refused past it
+    replace = {"BUSY": str(busy_port), "MISSING": str(tmp_path / "no-such-file"), "HUGE": str(huge)}
     args = [replace.get(a, a) for a in args]
     env = {k: replace.get(v, v) for k, v in env.items()}
     if "--vllm-url" not in args and "BATCHSCOPE_VLLM_URL" not in env:
