@@ -11,14 +11,20 @@ from dashboard_parts import (
     QUOTED_OK,
     SCENARIO,
     Layout,
-    dashboard,
+    dashboard_model,
     describe,
     instant_table,
-    panel,
+    override,
+    table,
     target,
     thresholds,
     timeseries,
 )
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import table as table_builders
+from grafana_foundation_sdk.models import dashboard
+
+from batchscope.vllm.catalogue import REQUEST_QUEUE_TIME
 
 
 def per_config(expr: str) -> str:
@@ -85,7 +91,7 @@ COMPARISON_COLUMNS = [
                                           "batchscope:slo_tpot_seconds"), "percentunit"),
     ("Within both SLOs", config_goodput_share(), "percentunit"),
     ("Goodput /s", config_mean(f"scenario:batchscope_client_goodput:rate1m{{{SCENARIO}}}"), "reqps"),
-    ("Queue p99 (vLLM)", config_quantile(0.99, "vllm:request_queue_time_seconds", MODEL), "s"),
+    ("Queue p99 (vLLM)", config_quantile(0.99, REQUEST_QUEUE_TIME.name, MODEL), "s"),
     ("Completions /s", config_mean(f"scenario:batchscope_client_completions:rate1m{{{SCENARIO}}}"), "reqps"),
     ("Steps /s (vLLM)", config_mean(f"model:vllm_engine_steps:rate1m{{{MODEL}}}"), "short"),
     ("Preemptions /s", config_mean(f"model:vllm_preemptions:rate1m{{{MODEL}}}"), "short"),
@@ -96,9 +102,9 @@ COMPARISON_COLUMNS = [
 ]
 
 
-def comparison_table() -> dict:
+def comparison_table() -> table_builders.Panel:
     targets = [instant_table(expr) for _, expr, _ in COMPARISON_COLUMNS]
-    body = panel("table", "Configurations in the time range", targets, "s", describe(
+    body = table("Configurations in the time range", targets, "s", describe(
                  "One row per (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len) seen "
                  "in the range; each figure covers only the steps when that configuration was in force. Select "
                  "one scenario so rows compare like with like.",
@@ -106,25 +112,22 @@ def comparison_table() -> dict:
                  "vLLM's where the column says so, and for preemptions. Goodput: requests within both targets by "
                  "their own TTFT and TPOT (vllm bench serve's rule, the load spec's exact targets).",
                  "a row with preemptions or recomputed tokens: its KV cache is too small for its max_num_seqs; "
-                 "the best row meets both SLOs (within both 0.99) at the most goodput /s."),
-                 options={"showHeader": True, "sortBy": [{"displayName": "max_num_seqs", "desc": False}]})
+                 "the best row meets both SLOs (within both 0.99) at the most goodput /s."))
+    body.sort_by([common_builders.TableSortByFieldState().display_name("max_num_seqs").desc(False)])
     # Each instant query is a table whose value column is "Value #<refId>"; merge joins them on the config labels.
-    refs = [query["refId"] for query in targets]
+    refs = [query.build().ref_id for query in targets]
     renames = {f"Value #{ref}": title for ref, (title, _, _) in zip(refs, COMPARISON_COLUMNS, strict=True)}
     order = {name: index for index, name in enumerate([*CONFIG_LABELS, *renames])}
-    body["transformations"] = [
-        {"id": "merge", "options": {}},
-        {"id": "organize", "options": {"excludeByName": {"Time": True}, "indexByName": order,
-                                       "renameByName": renames}},
-    ]
-    body["fieldConfig"]["overrides"] = [
-        {"matcher": {"id": "byName", "options": title}, "properties": [{"id": "unit", "value": unit}]}
-        for title, _, unit in COMPARISON_COLUMNS if unit != "s"
-    ]
+    body.with_transformation(dashboard.DataTransformerConfig(id_val="merge", options={}))
+    body.with_transformation(dashboard.DataTransformerConfig(id_val="organize", options={
+        "excludeByName": {"Time": True}, "indexByName": order, "renameByName": renames}))
+    for title, _, unit in COMPARISON_COLUMNS:
+        if unit != "s":
+            body.with_override(*override("byName", title, {"unit": unit}))
     return body
 
 
-def comparison() -> dict:
+def comparison() -> dashboard.Dashboard:
     layout = Layout()
     layout.row("What did each configuration seen in the range do to latency, SLOs, throughput, preemptions and "
                "errors?")
@@ -151,5 +154,5 @@ def comparison() -> dict:
                          "against the load spec's exact targets).",
                          "a step down at a configuration change: that change costs requests served in time; "
                          "the TTFT share beside and the table's TPOT share say which target.")), 8)
-    return dashboard("batchscope-comparison", "vLLM batching — run comparison",
-                     "One row per vLLM configuration seen in the time range.", layout.panels)
+    return dashboard_model("batchscope-comparison", "vLLM batching — run comparison",
+                           "One row per vLLM configuration seen in the time range.", layout)

@@ -10,17 +10,40 @@ from dashboard_parts import (
     SCENARIO,
     Layout,
     config_label_stat,
-    dashboard,
+    dashboard_model,
     describe,
-    heatmap,
+    heatmap_panel,
     instant_table,
     or_not_exposed,
-    panel,
+    override,
     stat,
+    table,
     target,
     thresholds,
     timeseries,
     with_config_line,
+)
+from grafana_foundation_sdk.builders import timeseries as timeseries_builders
+from grafana_foundation_sdk.models import common, dashboard
+
+from batchscope.vllm.catalogue import (
+    E2E_REQUEST_LATENCY,
+    INTER_TOKEN_LATENCY,
+    ITERATION_TOKENS,
+    KV_CACHE_USAGE,
+    NUM_PREEMPTIONS,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    NUM_REQUESTS_WAITING_BY_REASON,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
+    PROMPT_TOKENS_BY_SOURCE,
+    REQUEST_GENERATION_TOKENS,
+    REQUEST_NUM_PREEMPTIONS,
+    REQUEST_PROMPT_TOKENS,
+    REQUEST_QUEUE_TIME,
+    REQUEST_SUCCESS,
+    TIME_TO_FIRST_TOKEN,
 )
 
 # an SLO share below its objective (0.99) is a breach; between 0.95 and it a warning
@@ -28,7 +51,8 @@ ATTAINMENT_STEPS = thresholds((None, "red"), (0.95, "orange"), (0.99, "green"))
 ERROR_STEPS = thresholds((None, "green"), (0.05, "red"))  # the error alerts' 5 %
 
 
-def client_vs_server(title: str, client_rule: str, server_rule: str, description: str) -> dict:
+def client_vs_server(title: str, client_rule: str, server_rule: str,
+                     description: str) -> timeseries_builders.Panel:
     """Client and server quantiles of one quantity on one axis: the gap between the lines is outside vLLM."""
     return timeseries(title, [
         target(f"{client_rule}{{{SCENARIO}, {QUANTILES}}}", "client p{{quantile}} {{scenario}}"),
@@ -36,13 +60,9 @@ def client_vs_server(title: str, client_rule: str, server_rule: str, description
     ], "s", description)
 
 
-def right_axis(body: dict, ref_id: str, unit: str) -> dict:
+def right_axis(body: timeseries_builders.Panel, ref_id: str, unit: str) -> timeseries_builders.Panel:
     """Draw one query of a time series panel on a right-hand axis in its own unit."""
-    body["fieldConfig"]["overrides"].append({
-        "matcher": {"id": "byFrameRefID", "options": ref_id},
-        "properties": [{"id": "unit", "value": unit}, {"id": "custom.axisPlacement", "value": "right"}],
-    })
-    return body
+    return body.with_override(*override("byFrameRefID", ref_id, {"unit": unit, "custom.axisPlacement": "right"}))
 
 
 def configuration_row(layout: Layout) -> None:
@@ -62,9 +82,10 @@ def configuration_row(layout: Layout) -> None:
     layout.add(stat("Targets up", [target("batchscope_up", "{{target}}")], "none",
                     describe("1 if the exporter read the target's /metrics at its last scrape.",
                              "the exporter's (batchscope_up per target).",
-                             "0 for vllm: the server is down or unreachable (see BatchscopeTargetDown); 0 for "
+                             "0 for the vllm target: the server is down or unreachable (BatchscopeTargetDown); 0 for "
                              "loadgen is expected between load runs."),
-                    text_mode="value_and_name", steps=thresholds((None, "red"), (1, "green"))), 4, 4)
+                    text_mode=common.BigValueTextMode.VALUE_AND_NAME,
+                    steps=thresholds((None, "red"), (1, "green"))), 4, 4)
 
 
 def health_row(layout: Layout) -> None:
@@ -73,11 +94,12 @@ def health_row(layout: Layout) -> None:
                     describe("Prometheus alerts firing now (0 when none).", "Prometheus' ALERTS series.",
                              "open the alert's runbook link (docs/runbook.md) from the table beside."),
                     steps=thresholds((None, "green"), (1, "red"))), 4)
-    layout.add(panel("table", "Firing alerts", [
+    layout.add(table("Firing alerts", [
         instant_table('sum by (alertname, severity) (ALERTS{alertstate="firing"})')], "none",
         describe("One row per firing alert (empty when none fires).", "Prometheus' ALERTS series.",
-                 "each alert's runbook section (docs/runbook.md) lists the first three things to check."),
-        transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}]), 8)
+                 "each alert's runbook section (docs/runbook.md) lists the first three things to check."))
+               .with_transformation(dashboard.DataTransformerConfig(
+                   id_val="organize", options={"excludeByName": {"Time": True, "Value": True}})), 8)
     layout.add(timeseries("SLO attainment: share of requests within the TTFT / TPOT targets", [
         target(f"model:vllm_ttft_slo:attainment1m{{{MODEL}}}", "server TTFT {{model_name}}"),
         target(f"model:vllm_tpot_slo:attainment1m{{{MODEL}}}", "server TPOT {{model_name}}"),
@@ -119,7 +141,7 @@ def health_row(layout: Layout) -> None:
     ], "reqps", describe(
         "Requests vLLM finished per second, stacked by finished_reason: stop (EOS or a stop string), length "
         "(max_tokens or max_model_len), abort, error, repetition.",
-        "vLLM's (vllm:request_success_total; 0.32 counts no client disconnect as abort).",
+        f"vLLM's ({REQUEST_SUCCESS.exposed_name}; 0.32 counts no client disconnect as abort).",
         "abort or error above a few % (VllmRequestErrorSpike): read vLLM's log; mostly length where stop was "
         "expected: max_tokens or --max-model-len cut the answers."), stacked=True), 8)
     layout.add(timeseries("HTTP error ratio", [
@@ -145,8 +167,8 @@ def health_row(layout: Layout) -> None:
         target(f"model:vllm_step_time_seconds:mean1m{{{MODEL}}}", "mean step time {{model_name}} (right)"),
     ], "short", describe(
         "Engine steps per second (left) and the mean time between two steps a decoding request sees (right).",
-        "vLLM's: steps = observations of vllm:iteration_tokens_total; step time = mean of "
-        "vllm:inter_token_latency_seconds (one per step per decoding request).",
+        f"vLLM's: steps = observations of {ITERATION_TOKENS.name}; step time = mean of "
+        f"{INTER_TOKEN_LATENCY.name} (one per step per decoding request).",
         "steps/s at 0 with work queued: the engine is hung (VllmEngineStalled); step time rising with the "
         "batch: TPOT follows it, lower --max-num-seqs or --max-num-batched-tokens."), axis_label="steps/s")
     layout.add(right_axis(steps, "B", "s"), 12)
@@ -164,8 +186,8 @@ def health_row(layout: Layout) -> None:
 def waiting_row(layout: Layout) -> None:
     layout.row("Where do requests wait: at admission, in the queue, or in prefill and decode?")
     layout.add(with_config_line(timeseries("Running vs waiting (red line: max_num_seqs)", [
-        target(f"sum by (model_name) (vllm:num_requests_running{{{MODEL}}})", "running {{model_name}}"),
-        target(f"sum by (model_name) (vllm:num_requests_waiting{{{MODEL}}})", "waiting {{model_name}}"),
+        target(f"sum by (model_name) ({NUM_REQUESTS_RUNNING.name}{{{MODEL}}})", "running {{model_name}}"),
+        target(f"sum by (model_name) ({NUM_REQUESTS_WAITING.name}{{{MODEL}}})", "waiting {{model_name}}"),
         target(f"sum by (scenario) (batchscope_client_requests_in_flight{{{SCENARIO}}})",
                "client in flight {{scenario}}"),
     ], "none", describe(
@@ -175,19 +197,19 @@ def waiting_row(layout: Layout) -> None:
         "running at the red line with requests waiting and the KV cache low: max_num_seqs binds "
         "(VllmAdmissionLimited), raise it.")), "max_num_seqs"), 8)
     layout.add(timeseries("Waiting by reason", [
-        target(or_not_exposed(f"sum by (model_name, reason) (vllm:num_requests_waiting_by_reason{{{MODEL}}})",
-                              f"vllm:num_requests_waiting_by_reason{{{MODEL}}}"), "{{reason}} {{model_name}}"),
+        target(or_not_exposed(f"sum by (model_name, reason) ({NUM_REQUESTS_WAITING_BY_REASON.name}{{{MODEL}}})",
+                              f"{NUM_REQUESTS_WAITING_BY_REASON.name}{{{MODEL}}}"), "{{reason}} {{model_name}}"),
     ], "none", describe(
         "Waiting requests by why they wait: capacity (a batch slot, the token budget or KV room) or deferred "
         "(LoRA slots, a KV transfer, a blocked request), stacked; 0.32 and later.",
-        "vLLM's vllm:num_requests_waiting_by_reason (the reasons sum to vllm:num_requests_waiting).",
+        f"vLLM's {NUM_REQUESTS_WAITING_BY_REASON.name} (the reasons sum to {NUM_REQUESTS_WAITING.name}).",
         "capacity: see running vs waiting and the KV cache; deferred: LoRA (--max-loras) or the KV connector."),
         stacked=True, not_exposed=True), 8)
     layout.add(timeseries("Queue time percentiles", [
         target(f"model:vllm_queue_time_seconds:histogram_quantile1m{{{MODEL}}}", "p{{quantile}} {{model_name}}"),
     ], "s", describe(
         "p50, p90 and p99 of the time requests spent waiting to be scheduled, over the last minute.",
-        "vLLM's (vllm:request_queue_time_seconds: first scheduled minus queued; a preempted request's second "
+        f"vLLM's ({REQUEST_QUEUE_TIME.name}: first scheduled minus queued; a preempted request's second "
         "wait is not counted here).",
         "p99 far above p50: bursts queue behind a full batch; all rising: capacity, see running vs waiting."),
         axis_label="seconds"), 8)
@@ -199,7 +221,7 @@ def waiting_row(layout: Layout) -> None:
     ], "s", describe(
         "Where a request's time in vLLM goes: queue (waiting to be scheduled), prefill (to the first token), "
         "decode (to the last); the dashed line is the E2E mean (the parts plus tokenization before the queue).",
-        "vLLM's (vllm:request_queue_time / prefill_time / decode_time / e2e_request_latency, means over 1 m).",
+        f"vLLM's ({REQUEST_QUEUE_TIME.name} / prefill_time / decode_time / e2e_request_latency, means over 1 m).",
         "queue dominant: admission (max_num_seqs, KV cache); prefill: long prompts or a small "
         "--max-num-batched-tokens; decode: large batches or preemptions."), stacked=True)
     layout.add(total_as_dashed_line(breakdown, "D"), 12)
@@ -217,15 +239,13 @@ def waiting_row(layout: Layout) -> None:
     layout.add(total_as_dashed_line(decomposition, "D"), 12)
 
 
-def total_as_dashed_line(body: dict, ref_id: str) -> dict:
+def total_as_dashed_line(body: timeseries_builders.Panel, ref_id: str) -> timeseries_builders.Panel:
     """The total a stack should reach is drawn as a dashed line on top, not stacked."""
-    body["fieldConfig"]["overrides"].append({
-        "matcher": {"id": "byFrameRefID", "options": ref_id},
-        "properties": [{"id": "custom.stacking", "value": {"mode": "none", "group": "A"}},
-                       {"id": "custom.fillOpacity", "value": 0},
-                       {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}],
-    })
-    return body
+    return body.with_override(*override("byFrameRefID", ref_id, {
+        "custom.stacking": {"mode": "none", "group": "A"},
+        "custom.fillOpacity": 0,
+        "custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
+    }))
 
 
 def why_row(layout: Layout) -> None:
@@ -234,26 +254,26 @@ def why_row(layout: Layout) -> None:
         target(f"model:vllm_iteration_tokens:mean1m{{{MODEL}}}", "mean tokens per step {{model_name}}"),
     ], "none", describe(
         "Prompt + generation tokens of an engine step, against the step budget max_num_batched_tokens.",
-        "vLLM's (vllm:iteration_tokens_total, prompt tokens counted in the step of the first token).",
+        f"vLLM's ({ITERATION_TOKENS.name}, prompt tokens counted in the step of the first token).",
         "at the red line with long prompts waiting: raise --max-num-batched-tokens; far below it with requests "
         "waiting: the batch (max_num_seqs) or the KV cache binds."), axis_label="tokens"),
         "max_num_batched_tokens"), 8)
     layout.add(timeseries("KV cache usage", [
-        target(f"max by (model_name) (vllm:kv_cache_usage_perc{{{MODEL}}})", "{{model_name}}"),
+        target(f"max by (model_name) ({KV_CACHE_USAGE.name}{{{MODEL}}})", "{{model_name}}"),
     ], "percentunit", describe(
         "Share of KV blocks in use, the fullest engine (1 = full; orange line 0.9).",
-        "vLLM's vllm:kv_cache_usage_perc (gpu_cache_usage_perc before 0.10, mapped by the exporter).",
+        f"vLLM's {KV_CACHE_USAGE.name} (gpu_cache_usage_perc before 0.10, mapped by the exporter).",
         "near 1 with preemptions: raise --gpu-memory-utilization (never lower it for preemptions) or lower "
         "--max-num-seqs; low with requests waiting: max_num_seqs binds."), max_value=1,
         steps=thresholds((None, "green"), (0.9, "orange"))), 8)
     layout.add(timeseries("Prefix cache hit rate", [
-        target(f"sum by (model_name) (rate(vllm:prefix_cache_hits_total{{{MODEL}}}[$__rate_interval]))"
-               f" / sum by (model_name) (rate(vllm:prefix_cache_queries_total{{{MODEL}}}[$__rate_interval]))",
+        target(f"sum by (model_name) (rate({PREFIX_CACHE_HITS.exposed_name}{{{MODEL}}}[$__rate_interval]))"
+               f" / sum by (model_name) (rate({PREFIX_CACHE_QUERIES.exposed_name}{{{MODEL}}}[$__rate_interval]))",
                "{{model_name}}"),
     ], "percentunit", describe(
         "Prompt tokens found in the prefix cache / prompt tokens looked up; hit tokens skip prefill. No line "
         "while nothing is looked up.",
-        "vLLM's (vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total, rates).",
+        f"vLLM's ({PREFIX_CACHE_HITS.exposed_name} / {PREFIX_CACHE_QUERIES.exposed_name}, rates).",
         "lower than the workload's shared prefixes suggest: the cache evicts them (KV usage near 1), or "
         "prefix caching is off."), max_value=1), 8)
     layout.add(timeseries("Preemptions /s", [
@@ -261,44 +281,44 @@ def why_row(layout: Layout) -> None:
     ], "short", describe(
         "Running requests evicted for lack of KV blocks per second; each is recomputed later (red line: the "
         "alert's 0.1/s).",
-        "vLLM's vllm:num_preemptions_total.",
+        f"vLLM's {NUM_PREEMPTIONS.exposed_name}.",
         "above 0 for long (VllmPreemptionSpike): raise --gpu-memory-utilization or lower --max-num-seqs; lowering "
         "gpu_memory_utilization makes it worse."), axis_label="preemptions/s",
         steps=thresholds((None, "green"), (0.1, "red"))), 8)
     layout.add(timeseries("Preemptions per request", [
         target(or_not_exposed(f"model:vllm_request_preemptions:mean1m{{{MODEL}}}",
-                              f"vllm:request_num_preemptions_count{{{MODEL}}}"), "mean {{model_name}}"),
+                              f"{REQUEST_NUM_PREEMPTIONS.name}_count{{{MODEL}}}"), "mean {{model_name}}"),
         target(f"model:vllm_request_preemptions:histogram_quantile1m{{{MODEL}}}", "p99 {{model_name}}"),
     ], "short", describe(
         "How often the requests finished in the last minute were preempted: mean and p99 (0.30 and later).",
-        "vLLM's vllm:request_num_preemptions (one observation per finished request, 0 included).",
+        f"vLLM's {REQUEST_NUM_PREEMPTIONS.name} (one observation per finished request, 0 included).",
         "p99 above 1: some requests are recomputed again and again and their latency explodes; give the "
         "cache room (--gpu-memory-utilization up, --max-num-seqs down)."), not_exposed=True), 8)
     layout.add(timeseries("Recomputed prompt tokens /s", [
         target(or_not_exposed(f"model:vllm_recomputed_prompt_tokens:rate1m{{{MODEL}}}",
-                              f"vllm:prompt_tokens_by_source_total{{{MODEL}}}"), "{{model_name}}"),
-        target(f"sum by (model_name) (rate(vllm:prompt_tokens_by_source_total{{{MODEL}, source=\"local_compute\"}}"
+                              f"{PROMPT_TOKENS_BY_SOURCE.exposed_name}{{{MODEL}}}"), "{{model_name}}"),
+        target(f"sum by (model_name) (rate({PROMPT_TOKENS_BY_SOURCE.exposed_name}{{{MODEL}, source=\"local_compute\"}}"
                f"[$__rate_interval]))", "prompt tokens computed at first admission {{model_name}}"),
     ], "short", describe(
         "Tokens preempted requests had to prefill again per second, beside the prompt tokens computed once; an "
         "estimate (looked up minus found in the prefix cache, minus first admissions), needs prefix caching.",
-        "vLLM's counters (vllm:prefix_cache_queries/hits, vllm:prompt_tokens_by_source, 0.2x and later).",
+        f"vLLM's counters ({PREFIX_CACHE_QUERIES.name}/hits, {PROMPT_TOKENS_BY_SOURCE.name}, 0.2x and later).",
         "a large share of the computed prompt tokens: preemption wastes the GPU on recomputation, see "
         "Preemptions /s."), axis_label="tokens/s", not_exposed=True), 8)
-    layout.add(heatmap("Prompt lengths (what the load sent)",
-                       f"sum by (le) (increase(vllm:request_prompt_tokens_bucket{{{MODEL}}}[$__rate_interval]))",
+    layout.add(heatmap_panel("Prompt lengths (what the load sent)",
+                       f"sum by (le) (increase({REQUEST_PROMPT_TOKENS.name}_bucket{{{MODEL}}}[$__rate_interval]))",
                        "short", describe(
                            "Prompt tokens per finished request, as a heatmap over time (buckets 1-2-5 up to "
                            "max_model_len).",
-                           "vLLM's vllm:request_prompt_tokens (what the server tokenized, not what the spec "
+                           f"vLLM's {REQUEST_PROMPT_TOKENS.name} (what the server tokenized, not what the spec "
                            "asked for).",
                            "other than the workload spec says: the prompts are tokenized differently (chat "
                            "template, tokenizer); near max_model_len: requests are cut or refused.")), 12)
-    layout.add(heatmap("Output lengths (what was generated)",
-                       f"sum by (le) (increase(vllm:request_generation_tokens_bucket{{{MODEL}}}[$__rate_interval]))",
+    layout.add(heatmap_panel("Output lengths (what was generated)",
+                       f"sum by (le) (increase({REQUEST_GENERATION_TOKENS.name}_bucket{{{MODEL}}}[$__rate_interval]))",
                        "short", describe(
                            "Generated tokens per finished request, as a heatmap over time.",
-                           "vLLM's vllm:request_generation_tokens.",
+                           f"vLLM's {REQUEST_GENERATION_TOKENS.name}.",
                            "shorter than max_tokens without ignore_eos: EOS ends answers early (Finished by "
                            "reason shows stop), so TPOT and throughput are measured on shorter outputs.")), 12)
 
@@ -331,10 +351,10 @@ def client_row(layout: Layout) -> None:
                                     "high with TTFT normal: long outputs or slow decoding (TPOT); both high: "
                                     "the queue.")), 6)
     for title, family, what in (
-            ("TTFT distribution", "vllm:time_to_first_token_seconds", "time to first token"),
-            ("ITL distribution", "vllm:inter_token_latency_seconds", "inter-token latency"),
-            ("E2E distribution", "vllm:e2e_request_latency_seconds", "end-to-end latency")):
-        layout.add(heatmap(title, f"sum by (le) (increase({family}_bucket{{{MODEL}}}[$__rate_interval]))", "s",
+            ("TTFT distribution", TIME_TO_FIRST_TOKEN.name, "time to first token"),
+            ("ITL distribution", INTER_TOKEN_LATENCY.name, "inter-token latency"),
+            ("E2E distribution", E2E_REQUEST_LATENCY.name, "end-to-end latency")):
+        layout.add(heatmap_panel(title, f"sum by (le) (increase({family}_bucket{{{MODEL}}}[$__rate_interval]))", "s",
                            describe(f"vLLM's {what} histogram as a heatmap over time: each column is the requests "
                                     "(or steps) of one interval by bucket.",
                                     f"vLLM's {family}.",
@@ -356,12 +376,12 @@ def client_row(layout: Layout) -> None:
         "rerun with more processes (`--workers N`)."), steps=thresholds((None, "green"), (1, "red"))), 8)
 
 
-def overview() -> dict:
+def overview() -> dashboard.Dashboard:
     layout = Layout()
     configuration_row(layout)
     health_row(layout)
     waiting_row(layout)
     why_row(layout)
     client_row(layout)
-    return dashboard("batchscope-overview", "vLLM batching — overview",
-                     "Is it healthy, where the waiting happens, why, and what the client sees.", layout.panels)
+    return dashboard_model("batchscope-overview", "vLLM batching — overview",
+                           "Is it healthy, where the waiting happens, why, and what the client sees.", layout)

@@ -1,14 +1,26 @@
-"""The building blocks of the batchscope dashboards: queries, panels, the grid layout, and the parts every
-dashboard shares (variables, annotations, the dashboard frame). The dashboards: dashboard_overview.py and
-dashboard_comparison.py; the files: generate.py.
+"""The building blocks of the batchscope dashboards, on grafana-foundation-sdk's typed builders: queries,
+panels, the grid layout, and the parts every dashboard shares (variables, annotations, links, the dashboard
+frame). The dashboards: dashboard_overview.py and dashboard_comparison.py; the files: generate.py.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as dashboard_builders
+from grafana_foundation_sdk.builders import heatmap as heatmap_builders
+from grafana_foundation_sdk.builders import prometheus as prometheus_builders
+from grafana_foundation_sdk.builders import stat as stat_builders
+from grafana_foundation_sdk.builders import table as table_builders
+from grafana_foundation_sdk.builders import timeseries as timeseries_builders
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.models import common, dashboard, heatmap, prometheus
+from grafana_foundation_sdk.models import table as table_models
 
-PROMETHEUS = {"type": "prometheus", "uid": "prometheus"}  # fixed uid, see provisioning/datasources
-GRAFANA = {"type": "grafana", "uid": "-- Grafana --"}
+from batchscope.vllm.catalogue import NUM_REQUESTS_RUNNING
+
+PROMETHEUS = common.DataSourceRef(type_val="prometheus", uid="prometheus")  # fixed uid, see provisioning/datasources
+GRAFANA = common.DataSourceRef(type_val="grafana", uid="-- Grafana --")
+DASHBOARD_TAG = "batchscope"  # every dashboard carries it; the dashboards link lists the tag's dashboards
 
 MODEL = 'model_name=~"$model"'
 SCENARIO = 'scenario=~"$scenario"'
@@ -26,23 +38,32 @@ QUANTILES = 'quantile=~"0.5|0.99"'  # two of the three recorded quantiles keep c
 NOT_EXPOSED = "not exposed by this vLLM"
 NOT_EXPOSED_VALUE = -1
 
+Query = prometheus_builders.Dataquery
+Panel = cogbuilder.Builder[dashboard.Panel]
+
 
 # --- building blocks -------------------------------------------------------------------------------------------
 
 
-def target(expr: str, legend: str = "", **extra) -> dict:
-    """One Prometheus query; refIds are filled in by the panel."""
-    return {"datasource": PROMETHEUS, "expr": expr, "legendFormat": legend, **extra}
+def target(expr: str, legend: str = "", *, ref_id: str = "",
+           query_format: prometheus.PromQueryFormat | None = None) -> Query:
+    """One Prometheus query; refIds are filled in by the panel unless given."""
+    query = Query().datasource(PROMETHEUS).expr(expr).legend_format(legend)
+    if ref_id:
+        query.ref_id(ref_id)
+    if query_format is not None:
+        query.format(query_format)
+    return query
 
 
-def instant(expr: str, legend: str = "", **extra) -> dict:
+def instant(expr: str, legend: str = "") -> Query:
     """The value now only: a configuration that has since changed does not show up as a second series."""
-    return target(expr, legend, instant=True, range=False, **extra)
+    return target(expr, legend).instant()
 
 
-def instant_table(expr: str, **extra) -> dict:
+def instant_table(expr: str) -> Query:
     """An instant query returned as a table: labels become columns, the value becomes `Value #<refId>`."""
-    return instant(expr, format="table", **extra)
+    return instant(expr).format(prometheus.PromQueryFormat.TABLE)
 
 
 def describe(shows: str, definition: str, when_bad: str) -> str:
@@ -58,85 +79,103 @@ def or_not_exposed(expr: str, family: str, legend_label: str = "model_name") -> 
     return f'({expr}) or on () label_replace({missing}, "{legend_label}", "{NOT_EXPOSED}", "", "")'
 
 
-def not_exposed_mapping() -> list[dict]:
+def not_exposed_mapping() -> list[dashboard.ValueMapping]:
     """The value mapping that prints NOT_EXPOSED for the absent() series of or_not_exposed()."""
-    return [{"type": "value", "options": {str(NOT_EXPOSED_VALUE): {"text": NOT_EXPOSED, "index": 0}}}]
+    return [dashboard.ValueMap(options={str(NOT_EXPOSED_VALUE): dashboard.ValueMappingResult(text=NOT_EXPOSED,
+                                                                                              index=0)})]
 
 
-def thresholds(*steps: tuple[float | None, str]) -> dict:
+def thresholds(*steps: tuple[float | None, str]) -> dashboard_builders.ThresholdsConfig:
     """Grafana's absolute thresholds: (from value, colour) pairs, the first from None (-Infinity)."""
-    return {"mode": "absolute", "steps": [{"value": value, "color": colour} for value, colour in steps]}
+    return dashboard_builders.ThresholdsConfig().mode(dashboard.ThresholdsMode.ABSOLUTE).steps(
+        [dashboard.Threshold(value=value, color=colour) for value, colour in steps])
 
 
-def panel(kind: str, title: str, targets: list[dict], unit: str, description: str = "", **fields) -> dict:
-    """A data panel. Units are Grafana's names for base units: s, reqps, percentunit, short, none."""
+def with_targets(body, targets: list[Query]):
+    """Attach ``targets`` to a panel builder, lettering the refIds A, B, ... of those without one."""
     for index, query in enumerate(targets):
-        query.setdefault("refId", chr(ord("A") + index))
-    body: dict[str, Any] = {
-        "type": kind,
-        "title": title,
-        "description": description,
-        "datasource": PROMETHEUS,
-        "targets": targets,
-        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-        "options": {},
-    }
-    for key, value in fields.items():
-        if isinstance(value, dict) and isinstance(body.get(key), dict):
-            body[key] = {**body[key], **value}
-        else:
-            body[key] = value
+        if not query.build().ref_id:
+            query.ref_id(chr(ord("A") + index))
+        body.with_target(query)
     return body
 
 
-def timeseries(title: str, targets: list[dict], unit: str, description: str = "", *, stacked: bool = False,
+def override(matcher_id: str, options: str, properties: dict[str, object]) -> tuple[dashboard.MatcherConfig,
+                                                                                     list[dashboard.DynamicConfigValue]]:
+    """A field override: the fields ``matcher_id`` (byName, byFrameRefID) matches get ``properties`` (id -> value)."""
+    return (dashboard.MatcherConfig(id_val=matcher_id, options=options),
+            [dashboard.DynamicConfigValue(id_val=key, value=value) for key, value in properties.items()])
+
+
+def timeseries(title: str, targets: list[Query], unit: str, description: str = "", *, stacked: bool = False,
                axis_label: str = "", min_value: float | None = 0, max_value: float | None = None,
-               steps: dict | None = None, not_exposed: bool = False) -> dict:
+               steps: dashboard_builders.ThresholdsConfig | None = None,
+               not_exposed: bool = False) -> timeseries_builders.Panel:
     """A time series panel; ``steps`` (thresholds()) are drawn as dashed lines, ``not_exposed`` maps
     or_not_exposed()'s series to its text (and the panel's no-data text says the same)."""
-    custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10 if stacked else 0, "showPoints": "never",
-              "axisLabel": axis_label, "stacking": {"mode": "normal" if stacked else "none", "group": "A"},
-              "thresholdsStyle": {"mode": "dashed" if steps else "off"}}
-    defaults: dict[str, Any] = {"unit": unit, "color": {"mode": "palette-classic"}, "custom": custom}
+    style = common.GraphThresholdsStyleMode.DASHED if steps else common.GraphThresholdsStyleMode.OFF
+    body = (timeseries_builders.Panel().title(title).description(description).datasource(PROMETHEUS).unit(unit)
+            .color_scheme(dashboard_builders.FieldColor().mode(dashboard.FieldColorModeId.PALETTE_CLASSIC))
+            .draw_style(common.GraphDrawStyle.LINE).line_width(1).fill_opacity(10 if stacked else 0)
+            .show_points(common.VisibilityMode.NEVER).axis_label(axis_label)
+            .stacking(common_builders.StackingConfig()
+                      .mode(common.StackingMode.NORMAL if stacked else common.StackingMode.NONE).group("A"))
+            .thresholds_style(common_builders.GraphThresholdsStyleConfig().mode(style))
+            .legend(common_builders.VizLegendOptions().display_mode(common.LegendDisplayMode.TABLE)
+                    .placement(common.LegendPlacement.BOTTOM).show_legend(True).calcs(["lastNotNull", "max"]))
+            .tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
+                     .sort(common.SortOrder.DESCENDING)))
     if min_value is not None:
-        defaults["min"] = min_value
+        body.min(min_value)
     if max_value is not None:
-        defaults["max"] = max_value
+        body.max(max_value)
     if steps:
-        defaults["thresholds"] = steps
+        body.thresholds(steps)
     if not_exposed:
-        defaults["mappings"] = not_exposed_mapping()
-        defaults["noValue"] = f"no data (or {NOT_EXPOSED})"
-    return panel("timeseries", title, targets, unit, description,
-                 fieldConfig={"defaults": defaults, "overrides": []},
-                 options={"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
-                          "tooltip": {"mode": "multi", "sort": "desc"}})
+        body.mappings(not_exposed_mapping()).no_value(f"no data (or {NOT_EXPOSED})")
+    return with_targets(body, targets)
 
 
-def stat(title: str, targets: list[dict], unit: str, description: str = "", *, text_mode: str = "value",
-         steps: dict | None = None) -> dict:
+def stat(title: str, targets: list[Query], unit: str, description: str = "", *,
+         text_mode: common.BigValueTextMode = common.BigValueTextMode.VALUE,
+         steps: dashboard_builders.ThresholdsConfig | None = None) -> stat_builders.Panel:
     """One number per series; with ``steps`` (thresholds()) its background takes the threshold's colour."""
-    body = panel("stat", title, targets, unit, description,
-                 options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                          "textMode": text_mode, "colorMode": "background" if steps else "none", "graphMode": "none"})
+    body = (stat_builders.Panel().title(title).description(description).datasource(PROMETHEUS).unit(unit)
+            .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
+            .text_mode(text_mode).graph_mode(common.BigValueGraphMode.NONE)
+            .color_mode(common.BigValueColorMode.BACKGROUND if steps else common.BigValueColorMode.NONE))
     if steps:
-        body["fieldConfig"]["defaults"]["thresholds"] = steps
-    return body
+        body.thresholds(steps)
+    return with_targets(body, targets)
 
 
-def heatmap(title: str, expr: str, unit: str, description: str) -> dict:
+def table(title: str, targets: list[Query], unit: str, description: str) -> table_builders.Panel:
+    """A table of instant queries (instant_table()), one column per label and per query's value."""
+    body = table_builders.Panel().title(title).description(description).datasource(PROMETHEUS).unit(unit)
+    # the SDK's table options still carry the footer, which Grafana 12 moved out of the panel's options
+    options = body.show_header(True).build().options
+    if isinstance(options, table_models.Options):
+        options.footer = None
+    return with_targets(body, targets)
+
+
+def heatmap_panel(title: str, expr: str, unit: str, description: str) -> heatmap_builders.Panel:
     """A histogram's buckets over time: ``expr`` gives one series per `le` (increase per interval), drawn as
     Grafana's heatmap of pre-bucketed data (no recalculation), the y axis in ``unit``."""
-    return panel("heatmap", title, [target(expr, "{{le}}", format="heatmap")], unit, description,
-                 options={"calculate": False, "cellGap": 1, "showValue": "never",
-                          "color": {"mode": "scheme", "scheme": "Oranges", "scale": "exponential", "exponent": 0.5,
-                                    "fill": "dark-orange", "reverse": False, "steps": 64},
-                          "yAxis": {"axisPlacement": "left", "unit": unit, "reverse": False},
-                          "rowsFrame": {"layout": "le"}, "filterValues": {"le": 1e-9},
-                          "tooltip": {"show": True, "yHistogram": True}, "legend": {"show": True}})
+    body = (heatmap_builders.Panel().title(title).description(description).datasource(PROMETHEUS).unit(unit)
+            .calculate(False).cell_gap(1).show_value(common.VisibilityMode.NEVER)
+            .color(heatmap_builders.HeatmapColorOptions().mode(heatmap.HeatmapColorMode.SCHEME).scheme("Oranges")
+                   .scale(heatmap.HeatmapColorScale.EXPONENTIAL).exponent(0.5).fill("dark-orange").reverse(False)
+                   .steps(64))
+            .y_axis(heatmap_builders.YAxisConfig().axis_placement(common.AxisPlacement.LEFT).unit(unit)
+                    .reverse(False))
+            .rows_frame(heatmap_builders.RowsHeatmapOptions().layout(common.HeatmapCellLayout.LE))
+            .filter_values(heatmap_builders.FilterValueRange().le(1e-9))
+            .mode(common.TooltipDisplayMode.SINGLE).show_y_histogram().show_legend())
+    return with_targets(body, [target(expr, "{{le}}", query_format=prometheus.PromQueryFormat.HEATMAP)])
 
 
-def config_label_stat(label: str) -> dict:
+def config_label_stat(label: str) -> stat_builders.Panel:
     """The value of one label of the info metric, shown as the series name (a label is text, not a number)."""
     flag = f"--{label.replace('_', '-')}"
     return stat(label, [instant(CONFIG_INFO, f"{{{{{label}}}}}")], "none",
@@ -144,42 +183,40 @@ def config_label_stat(label: str) -> dict:
                          "vLLM's flag, as the exporter reads it (docker command line, the given `vllm serve` "
                          "command, then what vLLM exposes).",
                          "empty: the exporter does not know it; give it --vllm-command or --vllm-command-file "
-                         "(the alerts that compare against it stay silent meanwhile)."), text_mode="name")
+                         "(the alerts that compare against it stay silent meanwhile)."),
+                text_mode=common.BigValueTextMode.NAME)
 
 
-def with_config_line(body: dict, label: str, applies_to: str = "A") -> dict:
-    """Draw a red line at the value of one info-metric label (e.g. max_num_seqs) on a time series panel.
+def with_config_line(body: timeseries_builders.Panel, label: str) -> timeseries_builders.Panel:
+    """Draw the value of one info-metric label (e.g. max_num_seqs) over time as a red dashed series.
 
-    PromQL cannot turn a label into a sample value, so the line comes from Grafana: an instant table query of
-    the info metric (refId "config") is reduced by the "Config from query results" transformation, which
-    parses the label's text as a number and sets it as a threshold of the `applies_to` query's fields. Grafana
-    always rewrites the first threshold step to -Infinity (the base colour), so the table's first column,
-    Time, is mapped first as that transparent base and the label second, as the visible line. The line is the
-    configuration in force at the end of the range; the config-change annotations mark where it changed.
+    PromQL cannot turn a label into a sample value, so Grafana does: a table query of the info metric over the
+    range (refId "knob": one row per step, the labels as text columns) has the label's column converted to a
+    number and every other column but Time dropped, which leaves the knob's value at each step as a series of
+    its own; a configuration change shows as a step in the line. Only the knob query's frame is transformed.
     """
-    body["targets"].append(instant_table(CONFIG_INFO, refId="config"))
-    body["transformations"] = [{
-        "id": "configFromData",
-        "options": {
-            "configRefId": "config",
-            "applyTo": {"id": "byFrameRefID", "options": applies_to},
-            "mappings": [
-                {"fieldName": "Time", "handlerKey": "threshold1",
-                 "handlerArguments": {"threshold": {"color": "transparent"}}},
-                {"fieldName": label, "handlerKey": "threshold1",
-                 "handlerArguments": {"threshold": {"color": "red"}}},
-            ],
-        },
-    }]
-    body["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"] = {"mode": "line"}
-    return body
+    knob = dashboard.MatcherConfig(id_val="byRefId", options="knob")
+    body.with_target(target(CONFIG_INFO, label, ref_id="knob", query_format=prometheus.PromQueryFormat.TABLE))
+    body.with_transformation(dashboard.DataTransformerConfig(
+        id_val="convertFieldType", filter_val=knob,
+        options={"conversions": [{"targetField": label, "destinationType": "number"}], "fields": {}}))
+    body.with_transformation(dashboard.DataTransformerConfig(
+        id_val="filterFieldsByName", filter_val=knob, options={"include": {"names": ["Time", label]}}))
+    body.with_transformation(dashboard.DataTransformerConfig(
+        id_val="sortBy", filter_val=knob, options={"sort": [{"field": "Time", "desc": False}]}))
+    return body.with_override(*override("byFrameRefID", "knob", {
+        "displayName": label,
+        "color": {"mode": "fixed", "fixedColor": "red"},
+        "custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
+        "custom.lineWidth": 2,
+    }))
 
 
 class Layout:
     """Places panels left to right in 24-column rows and numbers them, so gridPos never overlaps."""
 
     def __init__(self) -> None:
-        self.panels: list[dict] = []
+        self.panels: list[dashboard.Panel | dashboard.RowPanel] = []
         self._x = 0
         self._y = 0
         self._row_height = 0
@@ -187,18 +224,18 @@ class Layout:
     def row(self, question: str) -> None:
         """A row headed by the question its panels answer (a row has a title only in Grafana's schema)."""
         self._newline()
-        self._place({"type": "row", "title": question, "collapsed": False, "panels": []}, 24, 1)
+        self._place(dashboard.RowPanel(title=question, collapsed=False, panels=[]), 24, 1)
         self._newline()
 
-    def add(self, body: dict, width: int, height: int = 8) -> None:
+    def add(self, body: Panel, width: int, height: int = 8) -> None:
         if self._x + width > 24:
             self._newline()
-        self._place(body, width, height)
+        self._place(body.build(), width, height)
 
-    def _place(self, body: dict, width: int, height: int) -> None:
-        body["id"] = len(self.panels) + 1
-        body["gridPos"] = {"x": self._x, "y": self._y, "w": width, "h": height}
-        self.panels.append(body)
+    def _place(self, placed: dashboard.Panel | dashboard.RowPanel, width: int, height: int) -> None:
+        placed.id_val = len(self.panels) + 1
+        placed.grid_pos = dashboard.GridPos(x=self._x, y=self._y, w=width, h=height)
+        self.panels.append(placed)
         self._x += width
         self._row_height = max(self._row_height, height)
 
@@ -211,59 +248,104 @@ class Layout:
 # --- dashboard-wide parts --------------------------------------------------------------------------------------
 
 
-def variables() -> list[dict]:
-    def query_variable(name: str, metric: str, label: str) -> dict:
-        query = f"label_values({metric}, {label})"
-        return {"type": "query", "name": name, "label": name, "datasource": PROMETHEUS, "definition": query,
-                "query": query, "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*",
-                "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "sort": 1}
+def variables() -> list[cogbuilder.Builder[dashboard.VariableModel]]:
+    def query_variable(name: str, metric: str, label: str) -> dashboard_builders.QueryVariable:
+        variable = (dashboard_builders.QueryVariable(name).label(name).datasource(PROMETHEUS)
+                    .query(f"label_values({metric}, {label})")
+                    .refresh(dashboard.VariableRefresh.ON_TIME_RANGE_CHANGED).multi(True).include_all(True)
+                    .all_value(".*").sort(dashboard.VariableSort.ALPHABETICAL_ASC)
+                    .current(dashboard.VariableOption(selected=True, text=["All"], value=["$__all"])))
+        # an interval variable's fields, which the SDK gives every variable and Grafana 12's schema does not have
+        model = variable.build()
+        model.auto = model.auto_min = model.auto_count = None
+        return variable
 
-    return [query_variable("model", "vllm:num_requests_running", "model_name"),
+    return [query_variable("model", NUM_REQUESTS_RUNNING.name, "model_name"),
             query_variable("scenario", "batchscope_client_workload_info", "scenario")]
 
 
 CONFIG_TEXT = " ".join(f"{label}={{{{{label}}}}}" for label in CONFIG_LABELS)
 
 
-def annotation_list() -> list[dict]:
+class PrometheusAnnotation(dashboard.AnnotationQuery):
+    """An annotation query of the Prometheus datasource: Grafana's AnnotationQuery and the plugin's own fields,
+    which the dashboard schema leaves to the plugin (Grafana reads them from the same object)."""
+
+    def __init__(self, name: str, icon_color: str, expr: str, *, title: str, text: str, use_value_for_time: bool,
+                 tag_keys: str = "") -> None:
+        super().__init__(name=name, datasource=PROMETHEUS, enable=True, hide=False, icon_color=icon_color, expr=expr)
+        self.plugin_fields = {"step": "15s", "useValueForTime": use_value_for_time, "titleFormat": title,
+                              "textFormat": text, "tagKeys": tag_keys}
+
+    def to_json(self) -> dict[str, object]:
+        return {**super().to_json(), **self.plugin_fields}
+
+
+class GrafanaAnnotationTarget(dashboard.AnnotationTarget):
+    """The Grafana datasource's annotation query by tags, with the refId Grafana 12's schema requires of every
+    query (the SDK's model has none)."""
+
+    def __init__(self, filter_type: str, tags: list[str]) -> None:
+        super().__init__(limit=100, match_any=False, tags=tags, type_val=filter_type)
+
+    def to_json(self) -> dict[str, object]:
+        return {**super().to_json(), "refId": "Anno"}
+
+
+class Target(cogbuilder.Builder[dashboard.AnnotationTarget]):
+    """Hands a ready annotation target to the annotation builder."""
+
+    def __init__(self, query: dashboard.AnnotationTarget) -> None:
+        self._query = query
+
+    def build(self) -> dashboard.AnnotationTarget:
+        return self._query
+
+
+class Annotation(cogbuilder.Builder[dashboard.AnnotationQuery]):
+    """Hands a ready annotation to the dashboard builder."""
+
+    def __init__(self, annotation: dashboard.AnnotationQuery) -> None:
+        self._annotation = annotation
+
+    def build(self) -> dashboard.AnnotationQuery:
+        return self._annotation
+
+
+def annotation_list() -> list[cogbuilder.Builder[dashboard.AnnotationQuery]]:
     return [
-        {"builtIn": 1, "datasource": GRAFANA, "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
-         "name": "Annotations & Alerts", "type": "dashboard",
-         "target": {"limit": 100, "matchAny": False, "tags": [], "type": "dashboard"}},
+        dashboard_builders.AnnotationQuery().built_in(1).datasource(GRAFANA).enable(True).hide(True)
+        .icon_color("rgba(0, 211, 255, 1)").name("Annotations & Alerts").type("dashboard")
+        .target(Target(GrafanaAnnotationTarget("dashboard", []))),
         # What the exporter posts to POST /api/annotations (organization annotations, tags batchscope, config-change).
-        {"datasource": GRAFANA, "enable": True, "iconColor": "orange", "name": "Config changes (exporter posts)",
-         "target": {"limit": 100, "matchAny": False, "tags": ["config-change"], "type": "tags"}},
+        dashboard_builders.AnnotationQuery().datasource(GRAFANA).enable(True).icon_color("orange")
+        .name("Config changes (exporter posts)").target(Target(GrafanaAnnotationTarget("tags", ["config-change"]))),
         # The same events without Grafana API access: the gauge holds the unix time of the last change, so its
         # value (x 1000, Grafana wants ms) places each change at its exact moment whatever the query step; the
         # join adds the new configuration's labels for the title and text.
-        {"datasource": PROMETHEUS, "enable": True, "iconColor": "purple", "name": "Config changes (Prometheus)",
-         "expr": f"(batchscope_config_last_change_timestamp_seconds * 1000 > 0) * on (job, instance) "
-                 f"group_left ({CONFIG_BY}) batchscope_vllm_config_info",
-         "step": "15s", "useValueForTime": True, "titleFormat": "vLLM configuration changed",
-         "textFormat": CONFIG_TEXT, "tagKeys": ""},
-        {"datasource": PROMETHEUS, "enable": True, "iconColor": "red", "name": "Firing alerts",
-         "expr": 'ALERTS{alertstate="firing"}', "step": "15s", "useValueForTime": False,
-         "titleFormat": "{{alertname}}", "textFormat": "{{severity}}: {{alertname}} firing",
-         "tagKeys": "alertname,severity"},
+        Annotation(PrometheusAnnotation(
+            "Config changes (Prometheus)", "purple",
+            f"(batchscope_config_last_change_timestamp_seconds * 1000 > 0) * on (job, instance) "
+            f"group_left ({CONFIG_BY}) batchscope_vllm_config_info",
+            title="vLLM configuration changed", text=CONFIG_TEXT, use_value_for_time=True)),
+        Annotation(PrometheusAnnotation(
+            "Firing alerts", "red", 'ALERTS{alertstate="firing"}', title="{{alertname}}",
+            text="{{severity}}: {{alertname}} firing", use_value_for_time=False, tag_keys="alertname,severity")),
     ]
 
 
-def dashboard(uid: str, title: str, description: str, panels: list[dict]) -> dict:
-    return {
-        "uid": uid,
-        "title": title,
-        "description": description,
-        "tags": ["batchscope", "vllm"],
-        "timezone": "browser",
-        "editable": True,
-        "graphTooltip": 1,  # shared crosshair: the same moment on every panel
-        "schemaVersion": 39,
-        "version": 1,
-        "refresh": "5s",
-        "time": {"from": "now-15m", "to": "now"},
-        "timepicker": {},
-        "templating": {"list": variables()},
-        "annotations": {"list": annotation_list()},
-        "links": [{"type": "dashboards", "tags": ["batchscope"], "title": "batchscope", "asDropdown": False}],
-        "panels": panels,
-    }
+def dashboard_link() -> dashboard_builders.DashboardLink:
+    """The other batchscope dashboards, opened on the same time range and variable values."""
+    return (dashboard_builders.DashboardLink(DASHBOARD_TAG).type(dashboard.DashboardLinkType.DASHBOARDS)
+            .tags([DASHBOARD_TAG]).as_dropdown(False).keep_time(True).include_vars(True).target_blank(False)
+            .icon("external link").tooltip(""))
+
+
+def dashboard_model(uid: str, title: str, description: str, layout: Layout) -> dashboard.Dashboard:
+    built = (dashboard_builders.Dashboard(title).uid(uid).description(description).tags([DASHBOARD_TAG, "vllm"])
+             .timezone("browser").editable()
+             .tooltip(dashboard.DashboardCursorSync.CROSSHAIR)  # shared crosshair: the same moment on every panel
+             .refresh("5s").time("now-15m", "now").version(1)
+             .variables(variables()).annotations(annotation_list()).links([dashboard_link()])).build()
+    built.panels = layout.panels
+    return built

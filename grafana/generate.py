@@ -1,4 +1,4 @@
-"""Writes the batchscope Grafana dashboards (grafana/dashboards/*.json) from plain Python dicts.
+"""Writes the batchscope Grafana dashboards (grafana/dashboards/*.json), built with grafana-foundation-sdk.
 
     python grafana/generate.py          # rewrite the committed JSON
     python grafana/generate.py --check  # exit 1 if the committed JSON differs from what this file generates
@@ -20,13 +20,14 @@ from pathlib import Path
 
 from dashboard_comparison import comparison
 from dashboard_overview import overview
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboards"
 
 
 def render() -> dict[Path, str]:
     """File name -> JSON text, exactly as committed."""
-    return {DASHBOARD_DIR / f"{name}.json": json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+    return {DASHBOARD_DIR / f"{name}.json": json.dumps(build(), cls=JSONEncoder, indent=2, ensure_ascii=False) + "\n"
             for name, build in (("overview", overview), ("comparison", comparison))}
 
 
