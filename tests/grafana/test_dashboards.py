@@ -49,10 +49,8 @@ METRIC_SOURCES = ["batchscope/loadgen/metrics.py", "batchscope/exporter/collecto
 SAMPLE_SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
 PROMETHEUS_BUILTINS = {"ALERTS", "ALERTS_FOR_STATE", "up"}
 # Keys Grafana reads that the SDK's models leave out: a Prometheus annotation's own fields (the datasource plugin
-# reads them, the dashboard schema does not model them), the built-in annotation's marker, a variable's
-# `definition` (the query editor's text)
-OUTSIDE_SCHEMA = {"annotations": {"builtIn", "step", "tagKeys", "textFormat", "titleFormat", "useValueForTime"},
-                  "templating": {"definition"}}
+# reads them, the dashboard schema does not model them) and the refId Grafana 12 wants of an annotation's target
+OUTSIDE_SCHEMA = {"annotations": {"step", "tagKeys", "textFormat", "titleFormat", "useValueForTime", "refId"}}
 GRAFANA_UNITS = {value for name, value in vars(units).items() if not name.startswith("_") and isinstance(value, str)}
 NOT_EXPOSED = "not exposed by this vLLM"
 
