@@ -26,7 +26,8 @@ def threshold_style_without_steps(dashboard: dict) -> list[str]:
 
 def _own_links(dashboard: dict) -> list[tuple[str, dict]]:
     links = [("dashboard", link) for link in dashboard.get("links", [])]
-    links += [(panel.get("title", ""), link) for panel in dashboard.get("panels", []) for link in panel.get("links", [])]
+    links += [(panel.get("title", ""), link)
+              for panel in dashboard.get("panels", []) for link in panel.get("links", [])]
     return [(where, link) for where, link in links
             if link.get("type") == "dashboards" and OWN_TAG in link.get("tags", [])
             or link.get("type") == "link" and str(link.get("url", "")).startswith("/d/")]
@@ -50,8 +51,9 @@ def test_links_keep_time_and_variables(name):
 
 
 def test_the_rules_catch_what_they_name():
-    panel = {"title": "knob", "fieldConfig": {"defaults": {"custom": {"thresholdsStyle": {"mode": "line"}},
-                                                          "thresholds": {"steps": [{"value": None, "color": "green"}]}}},
+    base_only = {"steps": [{"value": None, "color": "green"}]}
+    panel = {"title": "knob",
+             "fieldConfig": {"defaults": {"custom": {"thresholdsStyle": {"mode": "line"}}, "thresholds": base_only}},
              "links": [{"type": "link", "url": "/d/batchscope-overview", "title": "overview", "keepTime": True}]}
     dashboard = {"panels": [panel], "links": [{"type": "dashboards", "tags": [OWN_TAG], "title": "batchscope"}]}
     assert threshold_style_without_steps(dashboard) == ["knob: thresholdsStyle line without threshold steps"]

@@ -22,7 +22,7 @@ DASHBOARDS = {path.stem: json.loads(path.read_text()) for path in sorted(DASHBOA
 def node_modules() -> Path:
     folder = os.environ.get(ENV_VAR)
     if not folder:
-        pytest.skip(f"{ENV_VAR} is not set: `make test` sets it (BATCHSCOPE_GRAFANA_SCHEMA=$(scripts/grafana-schema-setup))")
+        pytest.skip(f"{ENV_VAR} is not set: `make test` sets it ({ENV_VAR}=$(scripts/grafana-schema-setup))")
     return Path(folder) / "node_modules"
 
 
