@@ -1,14 +1,7 @@
 """Re-exposing scraped families: parse Prometheus text, keep one namespace, and map vLLM's renamed metrics.
 
-vLLM renamed three metric groups between 0.8 and 0.12 (batchscope.vllm.catalogue.RENAMES): gpu_cache_usage_perc ->
-kv_cache_usage_perc, gpu_prefix_cache_{queries,hits} -> prefix_cache_{queries,hits} (counted blocks in 0.8,
-tokens later), time_per_output_token_seconds -> inter_token_latency_seconds. Old names are exposed under the
-new ones so one dashboard works from vLLM 0.8 onwards; when a server exposes both (its deprecation window),
-the old family is dropped. Each mapping applied is reported, so nobody has to guess.
-
-vLLM's API server also serves two families of its own that the dashboards read, the HTTP requests by status and
-the process's CPU time; they are re-exposed as batchscope_vllm_* (API_SERVER), since unprefixed they would be
-taken for the exporter's own.
+Old vLLM names (batchscope.vllm.catalogue.RENAMES) are exposed under today's, the API server's own families as
+batchscope_vllm_* (API_SERVER); docs/exporter.md says which and why.
 """
 
 from __future__ import annotations

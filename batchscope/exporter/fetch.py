@@ -1,20 +1,8 @@
 """Bounded upstream reads: every fetch ends by its deadline and within a byte cap, whatever the peer does.
 
-``requests.get(timeout=2)`` bounds each socket operation, not the exchange, and ``reply.text`` buffers the whole
-body: a 200 MB or endless /metrics, or one dripping a byte at a time, held a scrape for ever and took the exporter
-to gigabytes. Here a body is read by batchscope.wire.bounded_read (one socket read at a time under a deadline and a
-byte cap, shared with the load generator's pre-flight). Each fetch
-runs on a worker thread that the caller waits for until the deadline and no longer, so a phase no socket
-timeout covers (the name lookup: glibc's resolver retries for 10 s and more) cannot hold a scrape either. At
-most one job per key (an upstream URL) runs at a time: a job still stuck from an earlier scrape is waited on
-again rather than started twice, so stuck lookups cannot pile up threads.
-
-Caps. The largest real vLLM /metrics: one engine of vLLM 0.32 serves ~54 KB (445 series,
-tests/fixtures/vllm-0.32-cpu-metrics.txt), and every family but the process ones repeats per
-data-parallel engine; bench/exporter_scrape.py renders ~35 KB per engine, so 64 engines, its maximum, are
-2.2 MB and ~20,000 series. METRICS_MAX_BYTES, 16 MiB, is 7x that and keeps the exporter's memory bounded (a body
-at the cap costs about twice its size while it is decoded). vLLM's /v1/models and /version are a few hundred
-bytes: JSON_MAX_BYTES is 1 MiB. The fetch itself (batchscope.wire.bounded_read.fetch) is shared with the tuner.
+``Workers`` runs each fetch on a daemon thread the caller waits for until its deadline, one job per upstream URL
+at a time; the read itself is batchscope.wire.bounded_read.fetch. ``pin_mmap_threshold`` lets freed body buffers
+go back to the OS. Why requests' own timeouts are not enough, and where the caps come from: docs/exporter.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """The latency targets (SLOs) the recording rules and alerts measure attainment against: batchscope_slo_target_seconds.
 
-Per metric (ttft, tpot) the target is the load generator's (its spec's ``slo``, exposed as
-batchscope_client_slo_target_seconds: its goodput counter judges by it, so the panels agree), else the exporter's
-``--slo-ttft-seconds`` / ``--slo-tpot-seconds`` (for a server watched without our load generator), else none: the
-rules then fall back to their constants (prometheus/rules). A flag the load generator overrides is logged once.
-
-The attainment rules can only count whole buckets of vLLM's histograms (``and on (le)``), so a target that is no
-bound is rounded UP to the next bound of vLLM's buckets for that metric, and ``le`` names that bound as the
-exposition spells it ("2.5", beyond the largest "+Inf"); the value stays the target as given. Attainment then
-counts a request between the target and that bound as within it; the goodput counter, exact per request, does not.
+Per metric, the load generator's target, else the exporter's flag, else none; ``le`` is the target rounded up to
+a bound of vLLM's buckets. The rule and its reasons: docs/exporter.md, "SLO targets".
 """
 
 from __future__ import annotations

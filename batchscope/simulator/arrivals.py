@@ -1,14 +1,8 @@
 """When each request reached the server: the arrival stamp of the ground-truth log.
 
-The ground-truth log is what the load generator's timing is checked against, so its arrival is when the
-request's bytes reached the server's socket. The event loop gets to them later, often by a millisecond or more
-at hundreds of streams: it works through everything queued first (a step's burst of token writes, the handlers
-of a burst of requests), and a time slice the machine takes from the process delays everything behind it. Where
-the kernel stamps received data (Linux), the connection's reads are taken over from the event loop's transport:
-a duplicate of its descriptor is read with ``recvmsg`` and each request stamped with the kernel's receive time;
-writes stay with the transport. Elsewhere the stamp is when the bytes reach the protocol (``data_received``).
-The engine's own timeline keeps vLLM's definition (arrival when the handler takes the request), so /metrics
-are unchanged.
+On Linux the connection's reads are taken over from the event loop's transport, so each request is stamped with
+the kernel's receive time; elsewhere with when its bytes reach the protocol. Why, and what stays vLLM's
+definition: docs/simulator.md, "Arrival stamps of the ground-truth log".
 """
 
 from __future__ import annotations

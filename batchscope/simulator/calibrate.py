@@ -1,21 +1,8 @@
 """`batchscope sim calibrate --url URL`: probe a running vLLM and write a simulator profile fitted to it.
 
-The probe (``design``): a warm-up, then closed-loop phases chosen to separate the cost model's terms —
-- one user at three prompt lengths (up to one step's worth, so each prefill is one step) and 8-token outputs:
-  the prefill cost per token and per attention pair (their ITL is not fitted: see ``fitted_figures``);
-- short prompts and 256-token outputs at 2, half of max_num_seqs and max_num_seqs users: the decode step against
-  the batch size (per-request cost, matmul rate);
-- max_num_seqs users on half-length prompts: the decode step against context (KV bytes read);
-- the first single-user phase again, last: how much the server's timing moved during the probe (the noise rule).
-Each phase is a `batchscope load` run (a subprocess, so the load generator's client does the timing). vLLM's
-own histograms (prefill time, inter-token latency per decoded token, queue time) are read from /metrics before
-and after each phase, the server idle in between; the client's TTFT gives the front end's cost (TTFT outside
-queue and prefill, at 8-token outputs), split at vLLM's own TTFT into the input and output paths.
-
-The fit is calibrate_fit's. A probe is refused, in one line and with nothing written, when the server is
-unreachable or not vLLM, when the repeated phase moved more than the noise limit (--noise-limit, default 15%: the
-server's timing is not steady enough to fit), or when the fitted model misses the measured figures by more than
-that limit (RMS of the relative errors).
+``design`` chooses the probe's phases, each run as a `batchscope load` subprocess while vLLM's histograms are read
+before and after it; the fit is calibrate_fit's. A noisy server or a poor fit is refused in one line, with
+nothing written. The phases and the refusal rules: docs/simulator.md, "The calibration probe".
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """The fit behind `batchscope sim calibrate`: the step cost model's parameters from per-phase means.
 
-A probe phase is a closed-loop load (users, prompt and output lengths, duration) on a server whose scheduler
-limits are known. Its measured figures are vLLM's own means over the phase: prefill time per request and
-inter-token latency per decoded token. Both are sums of step durations, so for a fixed schedule they are linear in
-the cost model's terms. The schedule comes from the simulator itself: each phase is replayed on the virtual clock
-(``phase_steps``), which records every step's batch (requests, new tokens, attention pairs, KV tokens read) and,
-per step, how many prefill-time and ITL observations it makes. A phase's predicted mean is then the weighted mean
-of its steps' costs.
-
-The parameters are those of batchscope/simulator/cost.py with the model's sizes held fixed (``ModelFacts``):
-step_overhead_s, step_per_request_s, and the achieved compute and memory rates (FLOP/s, bytes/s). A step's cost is
-piecewise linear in (overhead, per-request, s per FLOP, s per byte) through the roofline's two max() terms, so the
-fit alternates: given which side of each max a step is on, a non-negative least squares (every subset of the four
-terms, exact for four) on relative errors; then the sides again, until they stop changing.
+Each phase's schedule is replayed on the virtual clock (``phase_steps``); the cost model's parameters are then
+fitted to vLLM's measured means by non-negative least squares over the roofline's sides. The method:
+docs/simulator.md, "The calibration fit".
 """
 
 from __future__ import annotations

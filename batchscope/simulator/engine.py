@@ -1,16 +1,8 @@
 """The pure engine core: vLLM V1 scheduling, KV block accounting and recompute preemption.
 
-No I/O and no clock: callers pass ``now``. A step is two calls. ``schedule(now)`` picks the batch exactly as
-vLLM's ``Scheduler.schedule()`` does (running requests first, then waiting ones FCFS while fewer than
-max_num_seqs run, chunked prefill within max_num_batched_tokens, KV blocks allocated for the scheduled tokens
-only, the newest running request preempted when a block is missing) and prices it with the cost model.
-``complete(step, now)`` applies the step's results at its end: computed tokens, sampled tokens, finishes.
-With automatic prefix caching on (``prefix_cache``), a request admitted from the queue starts with the tokens
-of its leading cached blocks computed, as vLLM's ``get_computed_blocks`` gives them.
-
-Per-request state lives in numpy columns indexed by a slot number (``SlotTable``), so a step over hundreds of
-decoding requests is a handful of vector operations; this is what lets the virtual clock run far faster than
-real time.
+No I/O and no clock: callers pass ``now``. A step is two calls, ``schedule(now)`` (the batch, as vLLM's
+``Scheduler.schedule()`` picks it, priced by the cost model) and ``complete(step, now)`` (its results).
+How it schedules, and why state lives in numpy columns: docs/simulator.md, "The engine core".
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """Automatic prefix caching as vLLM V1 does it: chained block hashes, ref counts, and an LRU queue of free blocks.
 
-vLLM (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``) hashes every full block of a request's tokens as
-hash(parent block's hash, the block's token ids), so equal prefixes give equal hashes. A block whose request
-ended keeps its hash and joins the tail of the free-block queue; allocation takes blocks from the head, evicting
-the cached content of any it takes; a lookup that hits a free cached block takes it out of the queue.
-
-Here only what changes behaviour is tracked. Blocks without a reusable hash are counted, not named: the free
-queue holds runs of anonymous blocks and single cached blocks, so a step allocating for hundreds of decoding
-requests costs one queue operation. Prompt blocks are hashed from their token ids and registered as soon as
-they are scheduled (another request can hit them while their owner runs). Blocks holding generated tokens, or
-prompt tokens whose ids the caller did not give, can only be hit by their own request after a preemption, so
-they are hashed (unique to the request) and registered when that request is preempted.
+The engine core asks it for a request's cached leading blocks and for blocks to allocate. vLLM's rules, and what
+is tracked here to keep a step cheap: docs/simulator.md, "Automatic prefix caching".
 """
 
 from __future__ import annotations

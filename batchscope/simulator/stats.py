@@ -1,14 +1,8 @@
 """Engine statistics with vLLM's definitions and bucket boundaries, accumulated in arrays.
 
-The engine core records every event here (vectorised per step, so large batches stay cheap); the /metrics
-collector turns the totals into vLLM's Prometheus families at scrape time. Definitions follow
-``vllm/v1/metrics/stats.py``: TTFT from arrival, one ITL observation per step per decoding request, queue time
-= first scheduled - queued, prefill = first token - first scheduled, decode = last token - first token,
-inference = last token - first scheduled, e2e = finish - arrival, TPOT = decode / (generation tokens - 1).
-Prompt tokens by source (0.32): a request's prompt tokens, counted at its first token, split into those found
-in the prefix cache when it was first scheduled (``num_cached_tokens``) and those computed; the simulator has
-no KV connector, so none come from an external transfer. A client disconnect is counted in no finished-request
-series (0.32): the simulator keeps its own count for /sim/stats.
+The engine core records every event here, vectorised per step; the /metrics collector turns the totals into
+vLLM's Prometheus families at scrape time. The definitions (vllm/v1/metrics/stats.py's): docs/simulator.md,
+"Engine statistics".
 """
 
 from __future__ import annotations

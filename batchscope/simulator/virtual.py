@@ -1,14 +1,8 @@
 """Run the engine core on a virtual clock: minutes of load in a fraction of a second, deterministically.
 
-Used by the tests and for what-if runs: hand it a workload (arrival times and lengths) and it steps the
-engine from event to event, never sleeping. ``run_timed`` runs a load that stops, as the load generator's does
-(closed-loop users with ``ClosedLoop``, or fixed arrivals with ``FixedArrivals``), cutting what is in flight at
-the stop; ``run_virtual`` runs a fixed workload to its end, on the same event loop (``_EventLoop``). The
-engine's front-end latencies (``engine.frontend``) apply as in the real-time server: a request reaches the
-engine after its input path, and the times recorded for its tokens include the output path; arrivals stay the
-client's. A run counts a request in flight, as its client does, from when it is sent until its last token has
-come back through the output path. A timed run can give its requests prompt token ids (``prompts``), so the
-engine's prefix cache sees the same sharing as under the load generator's prompts.
+Used by the tests and for what-if runs. ``run_timed`` runs a load that stops (``ClosedLoop`` users or
+``FixedArrivals``), ``run_virtual`` a fixed workload to its end, both on one event loop (``_EventLoop``).
+How front-end latencies and in-flight counts apply: docs/simulator.md, "The virtual clock".
 """
 
 from __future__ import annotations

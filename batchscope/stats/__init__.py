@@ -1,0 +1,1 @@
+"""Statistics shared by the components: classic cumulative-bucket histograms kept as count arrays."""

@@ -3,12 +3,7 @@
     with HostileServer("chunk-negative") as server:      # a thread of the caller's process, on 127.0.0.1
         run `batchscope load --host {server.url}` or `batchscope exporter --vllm-url {server.url}`
 
-Everything but the mode's own path answers as vLLM would: /health, /version, /v1/models (one model card),
-non-streaming completions (the load generator's pre-flight probes), a small valid /metrics. The mode decides
-the streamed completion (POST /v1/completions or /v1/chat/completions with "stream": true), /metrics or /v1/models. It
-writes raw HTTP/1.1 bytes, so it can send what no framework would: negative or non-hex chunk sizes, bodies that
-never end, events that are not JSON objects. Endless writes stop when the peer hangs up or after ENDLESS_S.
-``seen`` counts the requests per path, so a test can tell how many a client sent.
+What each path answers, and what the modes send: docs/testkit.md, "The hostile server".
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The reference client: the least a streaming client can do, so that benches can tell what a real one costs.
 
-Plain asyncio + aiohttp, one connection per stream, no JSON parsing: it counts a byte marker that occurs once
-per token event of the stream (``"text":"`` for completions with a usage chunk, ``data: {`` without) and keeps
-(request id, sent, first token, last token, tokens) per request, times from ``time.time()``. Closed loop
-(``user``: request after request) or open loop (``arrivals``: Poisson). In a bench it runs as a child process,
-so that its CPU is its own:
+In a bench it runs as a child process, so that its CPU is its own:
 
     python -m batchscope.testkit.reference_client --url URL --body BODY.json --streams N --warmup S \\
         --duration S --timings OUT.json [--rate R] [--ramp-s S]
 
-The child prints one JSON line when its window opens and one when it closes ({wall, tokens, errors, cpu}), so
-the parent takes its own snapshots at the same moments, and writes the timings when it ends.
+What it counts and what it prints: docs/testkit.md, "The reference client".
 """
 
 from __future__ import annotations

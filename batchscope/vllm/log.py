@@ -1,17 +1,7 @@
 """Reading vLLM's own log: the KV capacity line it prints at start-up, and the cause of a start that failed.
 
-The capacity line names the device the cache is on (vllm/v1/core/kv_cache_utils.py): ``GPU`` on CUDA, the
-device type upper-cased elsewhere (``CPU`` on the CPU build), with `` + host`` appended to it when part of the
-cache lives in host memory (v0.32's HiSparse mode). One line in 2026 releases, two before (PR #13596, 2025):
-
-    GPU KV cache size: 42,656 tokens
-    Maximum concurrency for 32,768 tokens per request: 1.30x
-    CPU KV cache size: 2,097,152 tokens, Maximum concurrency for 2,048 tokens per request: 1024.00x
-    GPU + host KV cache size: 1,048,576 tokens, Maximum concurrency for 8,192 tokens per request: 128.00x
-
-A failed start ends in a traceback, often followed by lines that are not the cause (multiprocessing's
-``resource_tracker`` warnings, the API server's own "See root cause above" error); ``failure_cause`` picks the
-line that names it.
+``parse_capacity`` reads the capacity line in every form vLLM has written (any device, one line or two);
+``failure_cause`` picks, from a failed start's log, the line that names the cause. The forms: docs/shared.md.
 """
 
 from __future__ import annotations

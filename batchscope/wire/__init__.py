@@ -1,0 +1,1 @@
+"""Talking to peers within bounds: bounded reads, binding a listening socket, the kernel's receive stamps."""

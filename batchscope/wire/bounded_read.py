@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import requests
 import urllib3.exceptions
 
-# vLLM's /metrics: ~54 KB per engine in 0.32, 64 data-parallel engines ~2.2 MB (batchscope/exporter/fetch.py): 7x that
+# vLLM's /metrics: ~54 KB per engine in 0.32, 64 data-parallel engines ~2.2 MB (docs/exporter.md): 7x that
 METRICS_MAX_BYTES = 16 << 20
 JSON_MAX_BYTES = 1 << 20  # vLLM's /v1/models, /version, /tokenize and a one-token completion: a few KB at most
 ERROR_MAX_BYTES = 64 << 10  # what is read of an error status's body

@@ -1,0 +1,1 @@
+"""What is sent, the same everywhere: the arrival generator and the layout of prompts."""

@@ -1,15 +1,7 @@
 """The layout of a run's prompts: which shared prefix request n of worker w opens with, and the part of its own.
 
-The load generator sends prompts laid out this way (batchscope/loadgen/prompts.py) and the tuner's what-if runs give the
-simulator's virtual clock the same token ids (batchscope/tuner/whatif.py), so both see the same prefix-cache hits. A run
-draws its pieces once from its seed: ``distinct`` shared prefixes and one unique part. Request n of worker w
-takes prefix (n + w) mod distinct (round-robin), then the unique part with its first ``salt`` symbols
-overwritten by (n, w) written as digits. Prefix caches hash a prompt's blocks as a chain, so prompts that differ
-in the first symbol after their prefix share nothing past it.
-
-A symbol is a token id on completions, and a word number on chat (batchscope/loadgen/prompts.py's WORDS), hence ``low``
-and ``base``: the salt's symbols are ``low + digit`` with digits in ``base``. Token ids come from
-[ID_LOW, ID_HIGH) when the served model's vocabulary holds them, else from the part of it ``id_range`` says.
+The load generator's prompts and the tuner's what-if runs use the same layout, so both see the same prefix-cache
+hits. How prefixes, salts and token ids are chosen: docs/shared.md, "The prompt layout".
 """
 
 from __future__ import annotations
