@@ -1,1 +1,1 @@
-"""A run's identity and marks: run names, the tuner's live file the exporter follows, and Grafana annotations."""
+"""A run's identity and marks: run names, result-file headers, the tuner's live file, Grafana annotations."""
