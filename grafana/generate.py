@@ -3,12 +3,9 @@
     python grafana/generate.py          # rewrite the committed JSON
     python grafana/generate.py --check  # exit 1 if the committed JSON differs from what this file generates
 
-Every query reads the one Prometheus target, the batchscope exporter. Latency and throughput panels reuse the
-recording rules in prometheus/rules/batchscope.rules.yml (fixed 1 m windows); a query on raw counters or buckets
-uses `rate(...[$__rate_interval])`. Windows over the whole dashboard range are subqueries
-`[$__range:$__interval]` so that each step can be joined to the configuration in force at that step.
-What each row answers is written in docs/dashboards.md. The dashboards are built in dashboard_overview.py and
-dashboard_comparison.py from the parts in dashboard_parts.py (sibling modules: run this file as a script).
+The dashboards are built in dashboard_overview.py and dashboard_comparison.py from the parts in
+dashboard_parts.py (sibling modules: run this file as a script). Query rules (recording rules, rate and range
+windows) and what each row answers: docs/dashboards.md.
 """
 
 from __future__ import annotations
