@@ -92,7 +92,7 @@ check: $(INSTALLED)
 	$(BIN)/python -m pytest -m "not e2e and not slow" -q
 
 # What the fast tier covers of the code it must cover: the exporter, the load generator's summary and HTTP client.
-COVERED := batchscope/exporter/*,batchscope/loadgen/summary.py,batchscope/loadgen/http.py,batchscope/loadgen/framing.py
+COVERED := batchscope/exporter/*,batchscope/loadgen/figures/summary.py,batchscope/loadgen/stream/http.py,batchscope/loadgen/stream/framing.py
 coverage: $(INSTALLED)
 	COVERAGE_FILE=$(VENV)/.coverage $(BIN)/python -m pytest -m "not e2e and not slow" -q \
 		--cov=batchscope.exporter --cov=batchscope.loadgen --cov-report=

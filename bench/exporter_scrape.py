@@ -6,7 +6,7 @@ The bench process (pinned to core 1) serves two static stubs from threads on loo
   boundaries, ``_created`` twins, ``vllm:cache_config_info``, process/python collectors and the fastapi
   instrumentator's ``http_*`` families), replicated over data-parallel engines "0".."N-1" until it holds about
   --series sample lines (2,000 by default); plus /v1/models and /version JSON;
-* a load generator: /metrics rendered by loadgen.metrics.ClientMetricsCollector over a ClientStats fed with a
+* a load generator: /metrics rendered by loadgen.figures.metrics.ClientMetricsCollector over a ClientStats fed with a
   few thousand synthetic RequestRecords (the ``batchscope_client_*`` histograms and counters).
 
 `batchscope exporter` runs as a child pinned to core 0, alone. The bench scrapes its /metrics --scrapes times in

@@ -31,7 +31,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.loadgen.spec import WorkloadSpec
-from batchscope.loadgen.target import probes_answered
+from batchscope.loadgen.stream.target import probes_answered
 from batchscope.testkit.report import add_json_option, argument_parser, table, targets_table, write_json
 from batchscope.testkit.vllm import Tier
 from batchscope.vllm import catalogue

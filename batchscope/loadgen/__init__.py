@@ -4,10 +4,16 @@ The load itself runs as `batchscope load` (batchscope.loadgen.cli) or Locust on 
 everything else here is internal.
 """
 
-from batchscope.loadgen.figures import RunFigures, counted
-from batchscope.loadgen.prompts import draw_prompt
-from batchscope.loadgen.request import RequestRecord, timed_elsewhere
-from batchscope.loadgen.sketch import ExactGaps
+from batchscope.loadgen.figures import (
+    Distribution,
+    ExactGaps,
+    MeasurementWindow,
+    RunFigures,
+    Summary,
+    counted,
+    final_window,
+    latencies,
+)
 from batchscope.loadgen.spec import (
     DEFAULT_SLO_TPOT_S,
     DEFAULT_SLO_TTFT_S,
@@ -19,8 +25,7 @@ from batchscope.loadgen.spec import (
     WorkloadSpec,
     within_slo,
 )
-from batchscope.loadgen.summary import Distribution, Summary, latencies
-from batchscope.loadgen.window import MeasurementWindow, final_window
+from batchscope.loadgen.stream import RequestRecord, draw_prompt, timed_elsewhere
 
 __all__ = [
     "DEFAULT_SLO_TPOT_S", "DEFAULT_SLO_TTFT_S", "MAX_TIMEOUT_S", "ConcurrencyLoad", "Distribution", "ExactGaps",

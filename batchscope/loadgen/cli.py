@@ -1,9 +1,8 @@
 """`batchscope load`: run the workload spec headless with Locust (a master and N worker processes).
 
 Everything that can refuse the run is checked before Locust starts, so a refusal is one line and nothing else
-(no banner, no empty tables or CSV files): the flags, the spec, and the server (batchscope/loadgen/target.py's
-pre-flight: ``--host`` a URL that accepts a connection, the model, the length, the prompt ids' vocabulary, chat's
-words).
+(no banner, no empty tables or CSV files): the flags, the spec, and the server (stream/target.py's pre-flight:
+``--host`` a URL that accepts a connection, the model, the length, the prompt ids' vocabulary, chat's words).
 """
 
 from __future__ import annotations
@@ -16,9 +15,9 @@ from pathlib import Path
 
 from batchscope.inputs import exits
 from batchscope.loadgen.checks import BadInput, check_host, check_out_dir, check_port, check_run_id
-from batchscope.loadgen.metrics import DEFAULT_METRICS_PORT
+from batchscope.loadgen.figures import DEFAULT_METRICS_PORT
 from batchscope.loadgen.spec import SpecError, WorkloadSpec, load_spec
-from batchscope.loadgen.target import build_target
+from batchscope.loadgen.stream import build_target
 
 LOCUSTFILE = Path(__file__).parent / "adapter" / "locustfile.py"
 MASTER_PORT = 5557  # Locust's default
@@ -80,7 +79,7 @@ def run_load(args: argparse.Namespace) -> int:
 
 
 def preflight(spec: WorkloadSpec, host: str) -> tuple[int, int] | None:
-    """The server's checks (batchscope/loadgen/target.py's build_target, as the controller will make them); the
+    """The server's checks (batchscope/loadgen/stream/target.py's build_target, as the controller will make them); the
     completions'
     prompt id range it probed, handed on so the vocabulary is probed once per run."""
     target = build_target(spec, host)

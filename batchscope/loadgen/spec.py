@@ -97,7 +97,7 @@ class SharedPrefix(BaseModel):
     """Prompts that open alike, as with a common system prompt: a prefix a server's prefix cache can reuse.
 
     Request n of worker w opens with prefix (n + w) mod ``distinct`` (round-robin), then a part of its own; the
-    prompt keeps exactly ``input_tokens`` tokens (see batchscope/loadgen/prompts.py). On chat the prefix is a system
+    prompt keeps exactly ``input_tokens`` tokens (see stream/prompts.py). On chat the prefix is a system
     message: ``tokens`` counts the templated prompt's opening up to the user message's first word.
     """
 

@@ -7,9 +7,10 @@ docker backends their backend.profile, a `batchscope sim calibrate` file, else t
 from event to event instead of in real time: a one-minute window takes a fraction of a second.
 
 The client figures are the load generator's own, with the virtual times for the client's: each virtual record
-becomes a load generator record (loadgen.request.timed_elsewhere: TTFT, E2E and TPOT by its rules), folded
-through its figures (batchscope/loadgen/figures.py) in its window (batchscope/loadgen/window.py: [warm-up, warm-up +
-window], offline to the last request's end; a request counts when it ended in it). Two figures differ from a real run's:
+becomes a load generator record (loadgen.stream.request.timed_elsewhere: TTFT, E2E and TPOT by its rules),
+folded through its figures (batchscope/loadgen/figures/figures.py) in its window
+(batchscope/loadgen/figures/window.py: [warm-up, warm-up + window], offline to the last request's end; a request
+counts when it ended in it). Two figures differ from a real run's:
 output tokens/s counts the engine's tokens delivered in the window (those of the requests cut at the stop too, which
 leave no record), and ITL is exact (ExactGaps: every gap pooled, not a sketch). At the stop, requests in flight
 are cut, as the load generator aborts them; they count in no figure.
@@ -274,8 +275,8 @@ def snapshot(stats: EngineStats) -> dict[str, float]:
 
 def client_figures(run: TimedResult, window: MeasurementWindow, output_tokens: float, slos: Slos
                    ) -> tuple[ClientFigures, RequestSamples]:
-    """The virtual records folded through the load generator's figures (batchscope/loadgen/figures.py) as a real run's
-    are, every ITL gap kept (ExactGaps: the records are in memory anyway).
+    """The virtual records folded through the load generator's figures (batchscope/loadgen/figures/figures.py) as a
+    real run's are, every ITL gap kept (ExactGaps: the records are in memory anyway).
 
     ``output_tokens``: tokens delivered in the window, cut requests' included (the engine's count); goodput counts
     the requests whose own TTFT and TPOT met ``slos`` (Slos.count_met, as a real run's).

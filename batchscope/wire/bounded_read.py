@@ -6,7 +6,7 @@ buffer the whole body: an endless or dripping answer holds the reader for ever a
 each. ``request`` is one exchange so bounded, whatever its method and status; ``fetch`` is a GET whose error
 status is raised. The exporter's scrapes (batchscope/exporter/fetch.py), the tuner's /metrics samples, Prometheus
 queries and Grafana annotations, the calibration's probes and the load generator's pre-flight
-(batchscope/loadgen/target.py, which answers redirects and error statuses itself) read their peers through it.
+(batchscope/loadgen/stream/target.py, which answers redirects and error statuses itself) read their peers through it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from batchscope.loadgen.spec import WorkloadSpec
-from batchscope.loadgen.target import build_target
+from batchscope.loadgen.stream.target import build_target
 from batchscope.testkit.processes import Child, SetupError
 from capacity.server import Server
 from capacity.settings import CLIENT_CORE, RAMP_TIMEOUT_S, REPO, STOP_TIMEOUT_S, progress
@@ -18,7 +18,7 @@ from capacity.windows import Load, Window, snapshot, window_of
 
 
 def request_body(server: Server, input_tokens: int, output_tokens: int) -> bytes:
-    """The load generator's own request for this workload (loadgen.target), so both clients send the same."""
+    """The load generator's own request for this workload (loadgen.stream.target), so both clients send the same."""
     spec = WorkloadSpec.model_validate({"input_tokens": input_tokens, "output_tokens": output_tokens,
                                         "load": {"mode": "concurrency", "concurrency": 1}})
     return json.dumps(build_target(spec, server.url).body, separators=(",", ":")).encode()

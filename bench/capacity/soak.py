@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from batchscope.loadgen.sketch import ALPHA
+from batchscope.loadgen.figures.sketch import ALPHA
 from batchscope.testkit.processes import SetupError
 from batchscope.testkit.procfs import status_mb
 from batchscope.testkit.report import table, targets_table

@@ -21,8 +21,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from batchscope.loadgen.metrics import ClientMetricsCollector, ClientStats
-from batchscope.loadgen.request import RequestRecord
+from batchscope.loadgen.figures.metrics import ClientMetricsCollector, ClientStats
+from batchscope.loadgen.stream.request import RequestRecord
 from batchscope.vllm import catalogue as vllm
 from batchscope.vllm.buckets import (
     ITERATION_TOKEN_BUCKETS,

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from batchscope.loadgen.target import exchange
+from batchscope.loadgen.stream.target import exchange
 from batchscope.testkit.hostile import HostileServer
 from batchscope.wire.bounded_read import ERROR_MAX_BYTES, JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch, request
 from tests.stubs import HttpStub, Reply

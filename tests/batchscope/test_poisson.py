@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from batchscope.loadgen.run import arrival_times
+from batchscope.loadgen.run.sender import arrival_times
 from batchscope.loadgen.spec import load_spec
 from batchscope.simulator.config import Deployment, ServeConfig
 from batchscope.simulator.virtual import poisson_workload

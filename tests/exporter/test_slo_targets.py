@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from batchscope.exporter.changes import ChangeTracker
 from batchscope.exporter.collector import BatchscopeCollector, ExporterSources
 from batchscope.exporter.slo import SloFlags, bucket_bound
-from batchscope.loadgen.control import RunControl
-from batchscope.loadgen.metrics import ClientMetricsCollector
+from batchscope.loadgen.figures.metrics import ClientMetricsCollector
+from batchscope.loadgen.run.control import RunControl
 from batchscope.loadgen.spec import load_spec
 from batchscope.vllm.buckets import ITL_BUCKETS, TTFT_BUCKETS
 from tests.exporter.clock import Clock

@@ -44,7 +44,7 @@ SENTINELS = {"rate_interval": "7m7s", "range_": "9m9s", "interval": "11s"}
 
 # Where each exported family is defined (vLLM's in batchscope.vllm.catalogue); prometheus_client adds these
 # suffixes to counters and histograms.
-METRIC_SOURCES = ["batchscope/loadgen/metrics.py", "batchscope/exporter/collector.py",
+METRIC_SOURCES = ["batchscope/loadgen/figures/metrics.py", "batchscope/exporter/collector.py",
                   "batchscope/exporter/families.py"]
 SAMPLE_SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
 PROMETHEUS_BUILTINS = {"ALERTS", "ALERTS_FOR_STATE", "up"}

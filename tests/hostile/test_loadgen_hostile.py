@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchscope.loadgen.control import FAIL_FAST_REQUESTS
+from batchscope.loadgen.run.control import FAIL_FAST_REQUESTS
 from batchscope.testkit.bounded import BoundedLoad, bounded_load
 from batchscope.testkit.hostile import HostileServer
 

@@ -7,12 +7,12 @@ import time
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.loadgen.http import ConnectionPool, Follow
-from batchscope.loadgen.metrics import ClientStats
-from batchscope.loadgen.request import RequestRecord, measure
+from batchscope.loadgen.figures.metrics import ClientStats
+from batchscope.loadgen.figures.window import in_window
 from batchscope.loadgen.spec import load_spec
-from batchscope.loadgen.target import Target, build_target
-from batchscope.loadgen.window import in_window
+from batchscope.loadgen.stream.http import ConnectionPool, Follow
+from batchscope.loadgen.stream.request import RequestRecord, measure
+from batchscope.loadgen.stream.target import Target, build_target
 
 
 def merged_samples(result) -> dict[tuple, float]:

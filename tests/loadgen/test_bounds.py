@@ -14,12 +14,12 @@ from email.utils import formatdate
 
 import pytest
 
-from batchscope.loadgen import framing
-from batchscope.loadgen.faults import FaultLog
-from batchscope.loadgen.framing import ProtocolError, retry_after_s
-from batchscope.loadgen.http import Connection
-from batchscope.loadgen.request import MAX_EVENT_BYTES, RequestRecord, TokenStream, measure
-from batchscope.loadgen.target import Target
+from batchscope.loadgen.run.faults import FaultLog
+from batchscope.loadgen.stream import framing
+from batchscope.loadgen.stream.framing import ProtocolError, retry_after_s
+from batchscope.loadgen.stream.http import Connection
+from batchscope.loadgen.stream.request import MAX_EVENT_BYTES, RequestRecord, TokenStream, measure
+from batchscope.loadgen.stream.target import Target
 from tests.loadgen.test_frames import HEAD, canned_server, chunked, exchange, token
 
 USAGE = token(None, usage={"prompt_tokens": 3, "completion_tokens": 3})

@@ -14,7 +14,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.loadgen.cli import LOCUSTFILE
-from batchscope.loadgen.control import FAIL_FAST_REQUESTS
+from batchscope.loadgen.run.control import FAIL_FAST_REQUESTS
 from tests.conftest import free_port, run_load, wait_until
 
 pytestmark = pytest.mark.e2e

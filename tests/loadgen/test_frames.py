@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from batchscope.loadgen.framing import Endpoint, encode_request
-from batchscope.loadgen.http import Connection, StreamBroken
-from batchscope.loadgen.request import RequestRecord, TokenStream, measure
-from batchscope.loadgen.target import Target
+from batchscope.loadgen.stream.framing import Endpoint, encode_request
+from batchscope.loadgen.stream.http import Connection, StreamBroken
+from batchscope.loadgen.stream.request import RequestRecord, TokenStream, measure
+from batchscope.loadgen.stream.target import Target
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 

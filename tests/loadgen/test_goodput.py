@@ -10,10 +10,10 @@ import sys
 import pytest
 from prometheus_client import CollectorRegistry
 
-from batchscope.loadgen.control import RunControl
-from batchscope.loadgen.metrics import ClientMetricsCollector
-from batchscope.loadgen.request import RequestRecord
+from batchscope.loadgen.figures.metrics import ClientMetricsCollector
+from batchscope.loadgen.run.control import RunControl
 from batchscope.loadgen.spec import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S, SpecError, load_spec
+from batchscope.loadgen.stream.request import RequestRecord
 from batchscope.tuner.plan import Slos
 
 SPEC = ["input_tokens=8", "output_tokens=4", "load.mode=concurrency", "load.concurrency=2", "warmup_s=10",

@@ -10,7 +10,7 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from batchscope.loadgen.metrics import HISTOGRAMS
+from batchscope.loadgen.figures.metrics import HISTOGRAMS
 from tests.conftest import run_load
 from tests.loadgen.support import merged_samples, per_worker_stats
 from tests.stubs import HttpStub, Reply, json_reply

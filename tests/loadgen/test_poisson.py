@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchscope.loadgen.metrics import HISTOGRAMS
-from batchscope.loadgen.saturation import MAX_LAG_S
+from batchscope.loadgen.figures.metrics import HISTOGRAMS
+from batchscope.loadgen.figures.saturation import MAX_LAG_S
 from tests.conftest import run_load
 from tests.loadgen.support import merged_samples, per_worker_stats
 

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from batchscope.loadgen.prompts import chat_messages, draw_prompt, prompt_bodies
 from batchscope.loadgen.spec import SpecError, load_spec
-from batchscope.loadgen.target import chat_prompt
+from batchscope.loadgen.stream.prompts import chat_messages, draw_prompt, prompt_bodies
+from batchscope.loadgen.stream.target import chat_prompt
 from batchscope.simulator.tokenizer import encode_chat
 from batchscope.tuner.whatif import prompt_source
 from batchscope.workload.prompt_layout import id_range, prompt_ids

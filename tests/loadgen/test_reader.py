@@ -1,5 +1,5 @@
-"""The process's stream reader (loadgen.reader) over loopback sockets fed canned bytes by server threads: the same
-body as a greenlet's own reads, stamps of when bytes arrived, and every way a body can end."""
+"""The process's stream reader (loadgen.stream.reader) over loopback sockets fed canned bytes by server threads: the
+same body as a greenlet's own reads, stamps of when bytes arrived, and every way a body can end."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 import gevent
 import pytest
 
-from batchscope.loadgen.framing import Endpoint, encode_request
-from batchscope.loadgen.http import Connection, StreamBroken, Timeout
-from batchscope.loadgen.reader import StreamReader
+from batchscope.loadgen.stream.framing import Endpoint, encode_request
+from batchscope.loadgen.stream.http import Connection, StreamBroken, Timeout
+from batchscope.loadgen.stream.reader import StreamReader
 from tests.loadgen.test_frames import HEAD, chunked, exchange
 
 Piece = tuple[float, bytes]  # (pause before it, bytes)

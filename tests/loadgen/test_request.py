@@ -10,11 +10,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.loadgen.http import ConnectionPool
-from batchscope.loadgen.reader import StreamReader
-from batchscope.loadgen.request import rejected
 from batchscope.loadgen.spec import SpecError
-from batchscope.loadgen.target import VOCAB_PROBES, Target
+from batchscope.loadgen.stream.http import ConnectionPool
+from batchscope.loadgen.stream.reader import StreamReader
+from batchscope.loadgen.stream.request import rejected
+from batchscope.loadgen.stream.target import VOCAB_PROBES, Target
 from tests.conftest import free_port
 from tests.loadgen.support import send, target_for
 

@@ -1,4 +1,4 @@
-"""The sender (batchscope/loadgen/run.py) without a server: arrival schedules, ramp-up, back-off, reports on the
+"""The sender (batchscope/loadgen/run/sender.py) without a server: arrival schedules, ramp-up, back-off, reports on the
 wire."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import itertools
 import numpy as np
 import pytest
 
-from batchscope.loadgen import run
-from batchscope.loadgen.figures import RunFigures
-from batchscope.loadgen.report import SenderReport
-from batchscope.loadgen.request import RequestRecord
-from batchscope.loadgen.run import LoadRun, arrival_times
+from batchscope.loadgen.figures.figures import RunFigures
+from batchscope.loadgen.figures.window import MeasurementWindow
+from batchscope.loadgen.run import sender as sender_module
+from batchscope.loadgen.run.report import SenderReport
+from batchscope.loadgen.run.sender import LoadRun, arrival_times
 from batchscope.loadgen.spec import load_spec
-from batchscope.loadgen.target import Target
-from batchscope.loadgen.window import MeasurementWindow
+from batchscope.loadgen.stream.request import RequestRecord
+from batchscope.loadgen.stream.target import Target
 
 TARGET = Target(url="http://127.0.0.1:9/v1/completions", headers={}, body={}, chat=False, stream=True,
                 prompt_tokens=8, output_tokens=4, timeout_s=5.0)
@@ -56,7 +56,7 @@ def rejected_record() -> RequestRecord:
 
 def test_rejections_back_off_doubling_up_to_the_cap_and_reset_on_anything_else(monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(run.time, "time", lambda: now[0])
+    monkeypatch.setattr(sender_module.time, "time", lambda: now[0])
     load = sender("load.mode=concurrency", "load.concurrency=1")
     waits = []
     for _ in range(8):
@@ -68,7 +68,7 @@ def test_rejections_back_off_doubling_up_to_the_cap_and_reset_on_anything_else(m
     load._note_refusal(rejected_record())
     assert load.pause_after(rejected_record()) == pytest.approx(0.1)  # the streak starts over
     assert load.pause_after(RequestRecord(request_id="z", worker=0, scheduled_s=0.0,
-                                          outcome="connection_error")) == run.RECONNECT_DELAY_S
+                                          outcome="connection_error")) == sender_module.RECONNECT_DELAY_S
 
 
 def throttled_record(status: int, retry_after_s: float | None) -> RequestRecord:
@@ -78,7 +78,7 @@ def throttled_record(status: int, retry_after_s: float | None) -> RequestRecord:
 
 def test_a_429_or_503_backs_off_as_its_retry_after_asks_capped_else_doubling(monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(run.time, "time", lambda: now[0])
+    monkeypatch.setattr(sender_module.time, "time", lambda: now[0])
 
     def waits_after(load: LoadRun, refusals: list[tuple[int, float | None]]) -> list[float]:
         waits = []
@@ -91,7 +91,7 @@ def test_a_429_or_503_backs_off_as_its_retry_after_asks_capped_else_doubling(mon
     # as asked, capped at 30 s, at least 0.1 s
     asked = [waits_after(sender("load.mode=concurrency", "load.concurrency=1"), [(status, retry_after)])[0]
              for status, retry_after in ((429, 2.0), (503, 100.0), (429, 0.0))]
-    assert asked == pytest.approx([2.0, run.RETRY_AFTER_CAP_S, run.BACKOFF_BASE_S])
+    assert asked == pytest.approx([2.0, sender_module.RETRY_AFTER_CAP_S, sender_module.BACKOFF_BASE_S])
     load = sender("load.mode=concurrency", "load.concurrency=1")
     assert waits_after(load, [(503, None), (429, None), (503, None)]) == pytest.approx([0.1, 0.2, 0.4])
     load._note_refusal(throttled_record(408, 5.0))  # a request timeout is no refusal: the streak ends

@@ -1,4 +1,5 @@
-"""The ITL sketch (batchscope/loadgen/sketch.py) against exact percentiles of recorded gaps, and its memory bound."""
+"""The ITL sketch (batchscope/loadgen/figures/sketch.py) against exact percentiles of recorded gaps, and its memory
+bound."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchscope.loadgen.sketch import ALPHA, ExactGaps, GapSketch
-from batchscope.loadgen.summary import Distribution
+from batchscope.loadgen.figures.sketch import ALPHA, ExactGaps, GapSketch
+from batchscope.loadgen.figures.summary import Distribution
 
 # per-request ITL gaps recorded by the load generator against the simulator (tiny profile, 256 streams, on a busy
 # machine): 32 requests of a capacity bench run and 16 of a run slowed down by a profiler, with the zeros of

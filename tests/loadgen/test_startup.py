@@ -14,8 +14,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from batchscope.loadgen.http import ConnectionPool
 from batchscope.loadgen.spec import RAMP_PER_USER_S
+from batchscope.loadgen.stream.http import ConnectionPool
 from tests.conftest import free_port, run_load
 from tests.loadgen.support import send, target_for
 

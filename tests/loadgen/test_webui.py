@@ -25,10 +25,18 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.loadgen.control import RunControl
-from batchscope.loadgen.llm_tab import MAX_POINTS, MIN_READ_INTERVAL_S, History, LlmTab, ServerMetrics, Window, rows
-from batchscope.loadgen.request import RequestRecord
+from batchscope.loadgen.adapter.llm_tab import (
+    MAX_POINTS,
+    MIN_READ_INTERVAL_S,
+    History,
+    LlmTab,
+    ServerMetrics,
+    Window,
+    rows,
+)
+from batchscope.loadgen.run.control import RunControl
 from batchscope.loadgen.spec import load_spec
+from batchscope.loadgen.stream.request import RequestRecord
 from tests.conftest import free_port, wait_until
 from tests.stubs import HttpStub, Reply
 

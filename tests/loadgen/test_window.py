@@ -1,4 +1,4 @@
-"""The one window rule (batchscope/loadgen/window.py) as the summary, the live metrics and the LLM tab apply it;
+"""The one window rule (batchscope/loadgen/figures/window.py) as the summary, the live metrics and the LLM tab apply it;
 no processes."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from batchscope.loadgen.control import RunControl
-from batchscope.loadgen.figures import RunFigures, counted
-from batchscope.loadgen.llm_tab import Window
-from batchscope.loadgen.request import RequestRecord, timed_elsewhere
+from batchscope.loadgen.adapter.llm_tab import Window
+from batchscope.loadgen.figures.figures import RunFigures, counted
+from batchscope.loadgen.figures.window import final_window, live_window
+from batchscope.loadgen.run.control import RunControl
 from batchscope.loadgen.spec import load_spec
-from batchscope.loadgen.window import final_window, live_window
+from batchscope.loadgen.stream.request import RequestRecord, timed_elsewhere
 
 CLOSED = ["input_tokens=8", "output_tokens=4", "load.mode=concurrency", "load.concurrency=2", "warmup_s=10",
           "duration_s=100"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from batchscope.loadgen.spec import WorkloadSpec
-from batchscope.loadgen.target import probes_answered
+from batchscope.loadgen.stream.target import probes_answered
 from batchscope.vllm.scrape import sample_sums
 from tests.conftest import run_load
 from tests.real_vllm.support import SERVED_NAME, VllmServer, tier

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from batchscope.loadgen.request import RequestRecord, rejected
-from batchscope.loadgen.target import Target
+from batchscope.loadgen.stream.request import RequestRecord, rejected
+from batchscope.loadgen.stream.target import Target
 from tests.loadgen.support import send, target_for
 from tests.real_vllm.support import SERVED_NAME, tier
 

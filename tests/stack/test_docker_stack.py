@@ -34,7 +34,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.loadgen.spec import WorkloadSpec
-from batchscope.loadgen.target import probes_answered
+from batchscope.loadgen.stream.target import probes_answered
 from batchscope.testkit.processes import wait_until
 from batchscope.wire.listen import free_port
 

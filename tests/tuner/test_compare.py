@@ -7,8 +7,8 @@ import zlib
 import numpy as np
 import pytest
 
+from batchscope.loadgen.figures.summary import Distribution
 from batchscope.loadgen.spec import WorkloadSpec
-from batchscope.loadgen.summary import Distribution
 from batchscope.tuner.compare import ConditionsDiffer, compare
 from batchscope.tuner.comparison import Comparison
 from batchscope.tuner.plan import ServingParams, Slos

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from batchscope.loadgen.summary import Distribution
+from batchscope.loadgen.figures.summary import Distribution
 from batchscope.tuner.mlperf import (
     PointFlow,
     SearchState,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from batchscope.loadgen.summary import Distribution
+from batchscope.loadgen.figures.summary import Distribution
 from batchscope.tuner.compare import compare
 from batchscope.tuner.comparison import Comparison
 from batchscope.tuner.plan import Objective, Slos

@@ -16,7 +16,7 @@ from prometheus_client import generate_latest
 from batchscope.inputs import exits
 from batchscope.loadgen.adapter.interrupts import finish_stop
 from batchscope.loadgen.adapter.session import session
-from batchscope.loadgen.summary import Summary, print_summary
+from batchscope.loadgen.figures import Summary, print_summary
 
 log = logging.getLogger("batchscope.loadgen")
 

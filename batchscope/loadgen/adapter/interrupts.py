@@ -17,7 +17,7 @@ from locust.env import Environment
 from batchscope.inputs import exits
 from batchscope.loadgen.adapter.messages import quit_worker
 from batchscope.loadgen.adapter.session import runner_of, session
-from batchscope.loadgen.control import RunControl
+from batchscope.loadgen.run import RunControl
 
 log = logging.getLogger("batchscope.loadgen")
 POLL_S = 0.05
@@ -31,7 +31,7 @@ def install_controller(environment: Environment) -> None:
 def install_worker(environment: Environment) -> None:
     # Locust would end a worker on the spot (KeyboardInterrupt), its in-flight requests and unsent records
     # lost: report everything, then quit (SIGTERM goes through Locust's quitting event,
-    # batchscope/loadgen/adapter/messages.py)
+    # messages.py)
     gevent.signal_handler(signal.SIGINT, quit_worker, environment)
 
 

@@ -4,7 +4,7 @@ Importing this module registers them (listeners take **kwargs always, so new eve
 the locustfile's options (options.py), the run's set-up at init for this process's role, and the summary at
 quitting (finish.py). The adapter's other parts: session.py (the run's state per process and its roles),
 shape.py (the load shape), messages.py (worker ↔ master), interrupts.py (SIGINT/SIGTERM); the core's:
-batchscope/loadgen/control.py (the controller), batchscope/loadgen/run.py (the sender).
+batchscope/loadgen/run/control.py (the controller), batchscope/loadgen/run/sender.py (the sender).
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from batchscope.loadgen.adapter.options import add_arguments, check_options
 from batchscope.loadgen.adapter.session import new_control, options_of, session
 from batchscope.loadgen.adapter.stats import take_over_csv
 from batchscope.loadgen.checks import BadInput
-from batchscope.loadgen.control import RunControl
-from batchscope.loadgen.greenlets import work_when_idle
-from batchscope.loadgen.metrics import ClientMetricsCollector, workload_labels
+from batchscope.loadgen.figures import ClientMetricsCollector, workload_labels
+from batchscope.loadgen.run import RunControl, work_when_idle
 from batchscope.loadgen.spec import SpecError, load_spec
 
 log = logging.getLogger("batchscope.loadgen")

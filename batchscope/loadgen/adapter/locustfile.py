@@ -1,11 +1,10 @@
 """Locust entry point: fixed streaming load against a vLLM-compatible server, as the workload spec says.
 
-    locust -f batchscope/loadgen/adapter/locustfile.py --spec spec.yaml --host http://127.0.0.1:8000      # web UI, LLM
-    tab batchscope load --spec spec.yaml --workers 2 --out out/                             # headless
+    locust -f batchscope/loadgen/adapter/locustfile.py --spec spec.yaml --host http://127.0.0.1:8000  # web UI
+    batchscope load --spec spec.yaml --workers 2 --out out/                                        # headless
 
 The users only say *what* runs; timing, metrics, records and the end of the run hang off Locust's events
-(batchscope/loadgen/adapter/listeners.py registers them on import), the load shape is
-batchscope/loadgen/adapter/shape.py.
+(listeners.py registers them on import); the load shape is shape.py.
 """
 
 import time
@@ -16,7 +15,7 @@ from locust import LoadTestShape, User, constant, task
 import batchscope.loadgen.adapter.listeners  # noqa: F401 (registers batchscope's options and event listeners)
 from batchscope.loadgen.adapter import shape
 from batchscope.loadgen.adapter.session import sender
-from batchscope.loadgen.http import ConnectionPool
+from batchscope.loadgen.stream import ConnectionPool
 
 
 class StreamingUser(User):

@@ -1,6 +1,6 @@
 """Worker ↔ master messages of a run with workers.
 
-Worker → master: a SenderReport (batchscope/loadgen/report.py) rides on each of Locust's periodic reports
+Worker → master: a SenderReport (batchscope/loadgen/run/report.py) rides on each of Locust's periodic reports
 (report_to_master → worker_report) and once more in "batchscope_final" when the worker stops.
 Master → workers: "batchscope_run" hands every worker the run's SenderPlan (the spec, the resolved request, the
 run id) when the run begins, or when the worker connects to a run begun; it is handled in turn with Locust's own
@@ -17,8 +17,7 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
 from batchscope.loadgen.adapter.session import SenderPlan, runner_of, sender_plan, session, stop_sender
-from batchscope.loadgen.control import RunControl
-from batchscope.loadgen.report import WIRE_KEY, SenderReport
+from batchscope.loadgen.run import WIRE_KEY, RunControl, SenderReport
 
 log = logging.getLogger("batchscope.loadgen")
 RUN = "batchscope_run"

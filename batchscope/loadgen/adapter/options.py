@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from batchscope.loadgen.checks import check_out_dir, check_port, check_run_id
-from batchscope.loadgen.metrics import DEFAULT_METRICS_PORT
+from batchscope.loadgen.figures import DEFAULT_METRICS_PORT
 
 
 def add_arguments(parser, **_kwargs) -> None:

@@ -1,12 +1,12 @@
 """One run as this Locust process holds it: a typed session per Environment, and its parts built for the
 process's role.
 
-Roles: a *sender* (worker or local runner) runs users and produces records (batchscope/loadgen/run.py's LoadRun); the
+Roles: a *sender* (worker or local runner) runs users and produces records (run/sender.py's LoadRun); the
 *controller* (master or local runner) merges reports, serves /metrics, writes records and the summary, and ends
-the run (batchscope/loadgen/control.py's RunControl). A local runner is both. The session lives beside Locust's
+the run (run/control.py's RunControl). A local runner is both. The session lives beside Locust's
 Environment (a weak mapping), not in attributes added to it, and Locust's options are only read: what a sender
 needs from the controller (its ``SenderPlan``) is handed over in process, or as a message to a worker
-(batchscope/loadgen/adapter/messages.py).
+(messages.py).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from locust.runners import MasterRunner, Runner, WorkerRunner
 from prometheus_client import CollectorRegistry
 
 from batchscope.loadgen.adapter.stats import DeferredRequestEvents
-from batchscope.loadgen.control import RunControl
-from batchscope.loadgen.run import LoadRun
+from batchscope.loadgen.run import LoadRun, RunControl
 from batchscope.loadgen.spec import WorkloadSpec
-from batchscope.loadgen.target import Target
+from batchscope.loadgen.stream import Target
 
 
 @dataclass(frozen=True)

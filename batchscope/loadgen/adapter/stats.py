@@ -1,17 +1,11 @@
 """Feeding finished requests into Locust's own statistics, off the hot path, so that its header and tables agree
 with ours.
 
-Locust's header (RPS, Failures) and its "Aggregated" row are its ``stats.total``, which every request event adds
-to. So only the REQUEST row goes through request events: one per request that ended, failed when its outcome is
-a failure. A request the run's end cut (outcome ``aborted``) is neither: the summary counts it apart ("aborted
-at end"), and a failure it is not. The latency rows (TTFT, TPOT, E2E: one value per request completed ok) are
-logged into their own entries directly, so they are rows of the table but not requests of the header. The
-per-token gaps are not in Locust's stats at all: a gap is not a request, and its figures (exact percentiles of
-the window) are in the LLM tab, the summary and the client /metrics.
-
-That is work per request; done as the request ends, a burst of endings (a closed loop in lockstep) would delay
-the reading of other streams' chunks. So records queue here and a greenlet feeds them to Locust whenever the
-event loop is idle; ``flush`` empties the queue at the end.
+Only the REQUEST row goes through request events (Locust's header and "Aggregated" row add those up): one per
+request that ended, failed when its outcome is a failure, none for one the run's end cut (``aborted``). The
+latency rows (TTFT, TPOT, E2E) are logged into their own entries; per-token gaps are not requests and stay out.
+Records queue here and a greenlet feeds them to Locust when the event loop is idle (a burst of endings must not
+delay other streams' reads); ``flush`` empties the queue at the end.
 """
 
 from __future__ import annotations
@@ -22,8 +16,8 @@ from collections.abc import Callable
 import gevent
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSVFileWriter
 
-from batchscope.loadgen.greenlets import work_when_idle
-from batchscope.loadgen.request import RequestRecord
+from batchscope.loadgen.run import work_when_idle
+from batchscope.loadgen.stream import RequestRecord
 
 BATCH = 2  # records shown per idle moment: tokens arriving meanwhile wait
 

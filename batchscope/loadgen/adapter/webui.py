@@ -1,4 +1,4 @@
-"""The LLM tab in Locust's web UI (its state: batchscope/loadgen/llm_tab.py).
+"""The LLM tab in Locust's web UI (its state: llm_tab.py).
 
 Locust's React UI shows extra tabs declared in ``web_ui.template_args["extended_tabs"]`` but can only fill one
 with a table. So the tab is declared without a table, and a script of ours (``static/llm_tab.js``, added to
@@ -16,8 +16,8 @@ from flask import Blueprint, Response, jsonify, request
 from locust.runners import STATE_CLEANUP, STATE_STOPPED, STATE_STOPPING
 from locust.web import WebUI
 
-from batchscope.loadgen.control import RunControl
-from batchscope.loadgen.llm_tab import LlmTab, read_at_window_start, sample_while_running
+from batchscope.loadgen.adapter.llm_tab import LlmTab, read_at_window_start, sample_while_running
+from batchscope.loadgen.run import RunControl
 
 TAB = "llm"
 STATIC = Path(__file__).with_name("static")

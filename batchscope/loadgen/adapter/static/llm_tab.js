@@ -1,4 +1,4 @@
-// The LLM tab of Locust's web UI (batchscope/loadgen/adapter/webui.py; its state: batchscope/loadgen/llm_tab.py): a grid of cards and
+// The LLM tab of Locust's web UI (batchscope/loadgen/adapter/webui.py; its state: batchscope/loadgen/adapter/llm_tab.py): a grid of cards and
 // SVG charts drawn into the tab Locust declares, from ./llm/state polled every 2 s while the tab is shown. Plain
 // DOM: nothing is loaded from elsewhere, and every value is set as text (a server's labels are not markup).
 (() => {

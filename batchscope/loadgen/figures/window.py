@@ -1,21 +1,10 @@
 """The measurement window: the one rule by which every reader of a run counts its requests.
 
-The summary (batchscope/loadgen/summary.py), the web UI's LLM tab (batchscope/loadgen/llm_tab.py) and the live client
-metrics (batchscope/loadgen/metrics.py, fed by batchscope/loadgen/control.py) all take the same population:
-
-* the window starts at the end of warm-up (run start + ``warmup_s``) and lasts ``duration_s``, cut short by an
-  earlier stop (Ctrl-C, SIGTERM, fail-fast); offline's has no planned end: it closes at the stop, and the summary
-  ends it at the last request's end;
-* a request belongs to the window when it *ended* in it (both bounds included), whatever its start. Latencies
-  (TTFT, TPOT, E2E, ITL) take the requests that ended ok in it.
-
-Why "ended in": a steady system's window then holds each kind of request at its true rate, long ones included,
-so a closed loop obeys Little's law; counting only requests that both started and ended in the window would
-leave out those spanning an edge, the long ones most.
-
-Why one rule can serve live readers: a record reaches the controller after its end, so a request that ended
-before a stop is judged before or after that stop alike (the stop only cuts later ends). The live verdict on a
-record is therefore final, and live figures converge to the summary's.
+The summary (summary.py), the LLM tab (adapter/llm_tab.py) and the live client metrics (metrics.py, fed by
+run/control.py) take the same population: the window starts at the end of warm-up and lasts ``duration_s``
+(cut short by an earlier stop; offline's closes at the stop, the summary ends it at the last request's end),
+and a request belongs to it when it *ended* in it (both bounds included). A record reaches the controller after
+its end, so the live verdict is final. Why: docs/loadgen.md, "One window rule".
 """
 
 from __future__ import annotations

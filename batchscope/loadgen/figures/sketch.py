@@ -1,18 +1,10 @@
 """A mergeable quantile sketch for the per-token gaps (ITL): log-spaced buckets in a fixed numpy array.
 
-Every positive gap falls in bucket ``i = ceil(log(x) / log(GAMMA))`` with GAMMA = (1 + ALPHA) / (1 - ALPHA), and
-a quantile is answered with the bucket's midpoint ``2 GAMMA**i / (GAMMA + 1)``: its relative error is at most
-ALPHA = 0.5% for every gap from MIN_S (1 µs) to MAX_S (1,000 s), the scheme of DDSketch (Masson et al., VLDB
-2019). Gaps of exactly 0 (tokens read together) are counted apart and answered exactly; gaps below 1 µs are
-answered as 1 µs (an absolute error under 1 µs), above 1,000 s as 1,000 s. Quantiles interpolate between the
-two order statistics around the rank as numpy's default (linear) percentile does, so each stays within ALPHA of
-the exact figure. Merging two sketches adds their arrays.
-
-Memory is fixed (~3,700 counts, 30 KB) whatever the number of gaps; adding a request's gaps is one vectorised
-pass (~0.25 µs per gap, a few tens of µs for 256 gaps). Measured against ddsketch 3.0.1 (pure Python, ~4 µs per
-value added one by one) and hdrhistogram 0.10.8 (~7.5 µs per value): numpy in bulk is over ten times cheaper per
-gap, with no dependency. ``ExactGaps`` answers the same questions exactly, keeping every gap: for figures of
-records that are all in memory anyway (a what-if run's).
+DDSketch's scheme: relative error at most ALPHA = 0.5% for every gap from MIN_S (1 µs) to MAX_S (1,000 s),
+gaps of 0 exact, quantiles interpolated as numpy's linear percentile; merging two sketches adds their arrays.
+Memory is fixed (~30 KB) and adding a request's gaps is one vectorised pass. ``ExactGaps`` answers the same
+questions exactly, keeping every gap (for records that are all in memory anyway, a what-if run's). The buckets
+and the measurements: docs/loadgen.md, "The ITL sketch".
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The run's figures as records arrive, in bounded memory: what the summary and the LLM tab read.
 
-Each record is folded in once, as the controller receives it, under the window rule (batchscope/loadgen/window.py; the
+Each record is folded in once, as the controller receives it, under the window rule (window.py; the
 live verdict on a record is final). Per-request figures stay exact: TTFT, TPOT and E2E of the requests completed
 ok in the window, and dispatch lag, send and end times of every request, are kept as 8-byte floats (about 48
-bytes a request). The per-token gaps (ITL) go into a GapSketch (batchscope/loadgen/sketch.py: fixed size, relative error
+bytes a request). The per-token gaps (ITL) go into a GapSketch (sketch.py: fixed size, relative error
 ≤ 0.5%) instead of being kept. Tokens that arrived in the window are counted from each record's chunk times when
 it arrives, so no gap outlives its record. records.jsonl still gets every gap of every record.
 """
@@ -15,9 +15,9 @@ from array import array
 
 import numpy as np
 
-from batchscope.loadgen.request import OUTCOMES, RequestRecord, refused_by_server
-from batchscope.loadgen.sketch import GapPool, GapSketch
-from batchscope.loadgen.window import MeasurementWindow
+from batchscope.loadgen.figures.sketch import GapPool, GapSketch
+from batchscope.loadgen.figures.window import MeasurementWindow
+from batchscope.loadgen.stream import OUTCOMES, RequestRecord, refused_by_server
 
 FAILURES = tuple(o for o in OUTCOMES if o not in ("ok", "aborted"))  # aborted: the run's end cut them
 

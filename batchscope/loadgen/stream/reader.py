@@ -1,15 +1,10 @@
 """One greenlet reads every streamed body of a load-sending process, over one epoll set of their sockets.
 
-Why: with a greenlet blocked in each socket read, every token costs two switches through gevent's hub, a read
-that finds nothing (the next token is not there yet) and the socket wrapper's bookkeeping: at 256 streams that
-was most of the generator's CPU, and a busy generator reads late. Late reads matter even with the kernel's
-receive stamps: a stream's first token not read before its second arrives is merged with it in the socket's
-queue and stamped with the second's time (a TTFT off by a whole inter-token gap). Here the request's greenlet
-sends and reads the response head as before, then ``follow`` parks it while this reader, woken once per batch of
-ready sockets, reads each one once (only what the kernel says is there) and hands the payloads on.
-
-Chunked bodies on plain TCP sockets with receive stamps only; anything else is read by its own greenlet
-(``Connection.body``).
+A greenlet blocked in each socket read costs two switches through gevent's hub per token, and a late read
+merges a stream's first token with its second under the second's receive stamp (docs/loadgen.md, "How tokens
+are timed"). Here the request's greenlet sends and reads the response head, then ``follow`` parks it while this
+reader, woken once per batch of ready sockets, reads each one once and hands the payloads on. Chunked bodies on
+plain TCP sockets with receive stamps only; anything else is read by its own greenlet (``Connection.body``).
 """
 
 from __future__ import annotations
@@ -21,8 +16,8 @@ import gevent
 import gevent.event
 from gevent import monkey
 
-from batchscope.loadgen.framing import ChunkedDecoder
-from batchscope.loadgen.http import Connection, Payload, StreamBroken, Timeout
+from batchscope.loadgen.stream.framing import ChunkedDecoder
+from batchscope.loadgen.stream.http import Connection, Payload, StreamBroken, Timeout
 
 if TYPE_CHECKING:
     import select  # only its epoll type: gevent's monkey-patching removes epoll from the module at run time

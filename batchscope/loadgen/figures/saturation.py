@@ -1,16 +1,9 @@
 """Is the load generator itself the bottleneck? Its CPU and its lags, live and over the measurement window.
 
-A sender that cannot keep up shows it three ways: its process uses (nearly) all of its core, open-loop arrivals
-leave late (dispatch lag), and token chunks wait in the socket before it reads them (read lag: each read minus
-the kernel's receive stamp of what it returned, a request's mean over its reads). Its TTFT and ITL then carry its
-own delay, and the dashboard's client - server gap is the client's, not the network's. The generator counts as
-saturated when the busiest sender's CPU reaches SATURATED_CPU of a core, or the median of either lag passes
-MAX_LAG_S (most requests wait for it: a busy machine's occasional preemptions move the tail, not the median); the
-advice is more sender processes (`--workers N`).
-
-Live (the ``batchscope_client_saturated`` gauge and the LLM tab): CPU over the latest interval of at least
-MIN_INTERVAL_S between a sender's reports, lags of the requests received in the last RECENT_S. End of run (the
-summary): CPU over the measurement window, lags over the whole run (as the summary's dispatch lag).
+Saturated: the busiest sender's CPU reaches SATURATED_CPU of a core, or the median dispatch or read lag passes
+MAX_LAG_S; the advice is more sender processes (`--workers N`). Live (the ``batchscope_client_saturated`` gauge
+and the LLM tab): CPU over the latest interval of at least MIN_INTERVAL_S, lags of the last RECENT_S. End of
+run (the summary): CPU over the window, lags over the run. Why these signs: docs/loadgen.md, "Saturation".
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """One measured request: exact client-side TTFT, ITL gaps, TPOT and E2E, and exactly one outcome.
 
-Definitions are `vllm bench serve`'s (peers.md §2): TTFT = first token chunk - send; each later token chunk
-adds one ITL gap (now - previous chunk); E2E = last token chunk - send; TPOT = (E2E - TTFT) / (n - 1) with n =
-usage.completion_tokens. In open-loop modes "send" is the *scheduled* arrival, so a lagging generator shows up
-as latency (no coordinated omission); in the closed loop it is the write (``Target.timed_from_send``), the
-client's time between its user's readiness and the write being none of the server's. The dispatch lag (actual -
-scheduled send, the readiness in a closed loop) is recorded separately.
-
-A token chunk is, as `vllm bench serve` counts them, every stream event with a non-empty ``choices`` list,
-``"text":""`` included (vLLM sends those for a token that ends inside a UTF-8 character), but for one: the chat
-stream's opening role chunk (``"delta":{"role":"assistant","content":""}``), which vLLM sends with the first
-token and which carries none (`vllm bench serve` would take it for the first token). An error event inside a
-200 stream (vLLM's answer to, e.g., a prompt id out of the vocabulary once a stream has begun) ends the request
-as an HTTP error of the event's code would: outcome http_error, status = that code (an event without an HTTP
-status for its code: truncated, with its message).
-
-A stream is held to vLLM's format, and everything a peer can fill is bounded: an event over MAX_EVENT_BYTES,
-an event that is not JSON or not vLLM's object (``choices`` a list of objects, ``usage`` an object of token
-counts), a ``data:`` line after ``[DONE]``, a chunk broken or over its bound (batchscope/loadgen/framing.py), or a
-non-streamed body over MAX_BODY_BYTES ends the request as ``protocol_error`` with the reason, the bound named. An error
-answer's body is read up to MAX_ERROR_BODY_BYTES (its first 200 characters are the record's error), then the
-connection is closed. More token events than usage.completion_tokens is ``length_mismatch``. Fewer is not a
-fault: vLLM merges the tokens that pile up while its API server lags into one event (its RequestOutputCollector),
-so a real server sends fewer events than tokens under load; TPOT divides by usage's count, never the events'.
-
-Uses loadgen.http: sent_s is taken just before the request is written, and each chunk is timed by the kernel's
-receive timestamp, so the generator's own scheduling delays stay out of the figures (Locust's own timing would
-stop at the response headers). No Locust import here, so it is testable on its own.
+Figures are `vllm bench serve`'s, each token chunk timed by the kernel's receive stamp of its read (http.py);
+TPOT divides by usage.completion_tokens, never by the events. A stream is held to vLLM's format and everything a
+peer can fill is bounded: a breach ends the request as ``protocol_error``, the bound named. Definitions, token
+chunks and outcomes: docs/loadgen.md, "One request" and "Outcomes of a stream". No Locust import here, so it
+is testable on its own.
 """
 
 from __future__ import annotations
@@ -36,9 +14,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from batchscope.loadgen import framing, http
-from batchscope.loadgen.http import Connection, Follow
-from batchscope.loadgen.target import Target
+from batchscope.loadgen.stream import framing, http
+from batchscope.loadgen.stream.http import Connection, Follow
+from batchscope.loadgen.stream.target import Target
 
 # 2: read_lag_s (a mean over the stream's reads) replaced first_read_lag_s; 3: retry_after_s
 RECORD_SCHEMA_VERSION = 3
@@ -248,7 +226,7 @@ def measure(connection: Connection, target: Target, record: RequestRecord, extra
             follow: Follow | None = None) -> RequestRecord:
     """Send one request on ``connection`` and fill ``record``; every failure becomes an outcome, never an
     exception (BaseExceptions such as a killed greenlet propagate, leaving outcome 'aborted'). ``follow``: the
-    process's stream reader (loadgen.reader), which reads streamed bodies for every request at once."""
+    process's stream reader (loadgen.stream.reader), which reads streamed bodies for every request at once."""
     try:
         return _exchange(connection, target, record, extra_headers, follow)
     except http.ConnectFailed as exc:

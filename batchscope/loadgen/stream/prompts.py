@@ -1,19 +1,10 @@
 """Each request's own prompt, of exactly the spec's length: an optional shared prefix, then a part of its own.
 
-The layout (which prefix, and the salt that makes each request's part its own) is workload/prompt_layout.py's,
-shared with the tuner's what-if runs. Completions prompts are token ids drawn from the spec's seed: request n of
-worker w sends prefix (n + w) mod distinct, then the unique part with its first SALT_TOKENS ids set from (n, w).
-Every id, salt included, comes from the range the served model's vocabulary allows (prompt_layout.id_range, found
-by batchscope/loadgen/target.py before the run).
-
-Chat prompts are words of WORDS, calibrated once through the server's tokenizer (batchscope/loadgen/target.py), which
-must count every word as one token wherever it stands (checked there), so changing words keeps the length. The
-shared prefix is a system message, as a chat application's common system prompt: request n takes system prompt
-(n + w) mod distinct, and its user message's first SALT_WORDS words are set from (n, w). Without a shared prefix
-the prompt is the user message alone. A prefix cache then finds the system prompt and nothing after it.
-
-Encoding a long prompt as JSON per request would cost the sender milliseconds, so a body is kept as encoded
-pieces and each request joins them.
+The layout (which prefix, and the salt that makes each request's part its own) is
+batchscope/workload/prompt_layout.py's, shared with the tuner's what-if runs. Completions prompts are token ids
+from the range the served model's vocabulary allows; chat prompts are words of WORDS, each one token, the shared
+prefix a system message (target.py finds the range and calibrates the words). A body is kept as encoded JSON
+pieces that each request joins. In full: docs/loadgen.md, "Prompts".
 """
 
 from __future__ import annotations

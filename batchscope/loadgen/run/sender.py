@@ -1,16 +1,10 @@
 """The load-sending side of a run, one per Locust process that runs users (a worker, or a local runner).
 
-It sends requests for closed-loop users and for the open-loop dispatcher and counts what it starts.
-Finished records wait in an outbox until ``report()`` hands them to the controller (directly on a local runner,
-through Locust's worker reports otherwise). At the end, ``stop_now`` refuses new requests and aborts those in
-flight, so each ends as 'aborted'.
-
-Every request of a run is the same, so a non-retryable 4xx (request.rejected) answers for all of them, and a
-429 or 503 (request.throttled) says the server takes none for now: after each such answer in a row the whole
-process backs off (closed-loop users wait, the dispatcher refuses the arrivals that fall in it), for as long as a
-429's or 503's Retry-After asks (at least BACKOFF_BASE_S, at most RETRY_AFTER_CAP_S), else BACKOFF_BASE_S doubling
-up to BACKOFF_CAP_S; any other outcome ends the streak. Failed requests are logged by kind, rate-limited
-(batchscope/loadgen/faults.py).
+It sends requests for closed-loop users and for the open-loop dispatcher and counts what it starts. Finished
+records wait in an outbox until ``report()`` hands them to the controller (directly on a local runner, through
+Locust's worker reports otherwise). At the end, ``stop_now`` refuses new requests and aborts those in flight,
+so each ends as 'aborted'. A non-retryable 4xx, a 429 or a 503 backs the whole process off (docs/loadgen.md,
+"Back-off"); failed requests are logged by kind, rate-limited (faults.py).
 """
 
 from __future__ import annotations
@@ -23,15 +17,21 @@ import gevent
 import gevent.event
 import gevent.pool
 
-from batchscope.loadgen import http
-from batchscope.loadgen.faults import FaultLog
-from batchscope.loadgen.greenlets import sleep_until
-from batchscope.loadgen.http import Connection, ConnectionPool
-from batchscope.loadgen.reader import StreamReader
-from batchscope.loadgen.report import SenderReport
-from batchscope.loadgen.request import RequestRecord, measure, refused_by_server, throttled
+from batchscope.loadgen.run.faults import FaultLog
+from batchscope.loadgen.run.greenlets import sleep_until
+from batchscope.loadgen.run.report import SenderReport
 from batchscope.loadgen.spec import ConcurrencyLoad, OfflineLoad, PoissonLoad, WorkloadSpec
-from batchscope.loadgen.target import Target
+from batchscope.loadgen.stream import (
+    Connection,
+    ConnectionPool,
+    RequestRecord,
+    StreamReader,
+    Target,
+    Timeout,
+    measure,
+    refused_by_server,
+    throttled,
+)
 from batchscope.workload import poisson
 
 
@@ -102,7 +102,7 @@ class LoadRun:
         self._active[record.request_id] = (record, connection)
         try:
             # the id lets a test match this record with the server's ground-truth log
-            timeout = http.Timeout(f"no complete response within {self.spec.timeout_s} s")
+            timeout = Timeout(f"no complete response within {self.spec.timeout_s} s")
             with gevent.Timeout(self.spec.timeout_s, timeout):  # the whole exchange, one timer
                 measure(connection, self.target, record, {"X-Request-Id": record.request_id}, self.reader.follow)
         finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchscope.loadgen.request import RequestRecord
+from batchscope.loadgen.stream import RequestRecord
 
 WIRE_KEY = "batchscope"  # where a worker's report rides in Locust's own report dict
 
@@ -26,7 +26,7 @@ class SenderReport:
     in_flight: int = 0  # requests in flight now
     final: bool = False  # the sender has stopped: nothing follows this report
     at_s: float = 0.0  # when the report was made (Unix seconds)
-    cpu_s: float = 0.0  # the sender process's CPU seconds so far (batchscope/loadgen/saturation.py)
+    cpu_s: float = 0.0  # the sender process's CPU seconds so far (batchscope/loadgen/figures/saturation.py)
 
     def to_wire(self) -> dict[str, Any]:
         return {"records": [record.to_dict() for record in self.records], "started": self.started,

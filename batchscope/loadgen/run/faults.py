@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from batchscope.loadgen.request import RequestRecord
+from batchscope.loadgen.stream import RequestRecord
 
 LOG_EVERY_S = 10.0
 NOT_FAULTS = ("ok", "aborted")  # aborted: the run's end cut them

@@ -1,12 +1,12 @@
 """The end-of-run summary: exact statistics from the per-request records over the measurement window.
 
-The window and its population are batchscope/loadgen/window.py's (the rule the live metrics and the LLM tab share):
+The window and its population are window.py's (the rule the live metrics and the LLM tab share):
 every request figure takes the requests that *ended* in the window, whatever their start. Completion throughput =
 requests completed ok in the window / the window, as `vllm bench serve` (which has no warm-up) counts it, and
 TTFT, TPOT, E2E per such request and ITL pooled over their every gap. A closed
 loop then obeys Little's law (throughput x mean E2E = users). Output tokens/s counts the tokens that *arrived*
 in the window (by their chunk times, whatever became of their request); total tokens/s adds the prompts of the
-requests whose first token came in the window. Figures come from batchscope/loadgen/figures.py, folded in as records
+requests whose first token came in the window. Figures come from figures.py, folded in as records
 arrive: TTFT, TPOT and E2E exact; ITL percentiles from a sketch within 0.5% (its count and mean exact).
 """
 
@@ -23,12 +23,12 @@ from rich.console import Console
 from rich.table import Table
 
 import batchscope
-from batchscope.loadgen.figures import RunFigures
-from batchscope.loadgen.metrics import ClientStats
-from batchscope.loadgen.saturation import GeneratorLoad
-from batchscope.loadgen.sketch import GapPool
+from batchscope.loadgen.figures.figures import RunFigures
+from batchscope.loadgen.figures.metrics import ClientStats
+from batchscope.loadgen.figures.saturation import GeneratorLoad
+from batchscope.loadgen.figures.sketch import GapPool
+from batchscope.loadgen.figures.window import final_window
 from batchscope.loadgen.spec import PoissonLoad, WorkloadSpec
-from batchscope.loadgen.window import final_window
 
 SUMMARY_SCHEMA_VERSION = 2  # 2: window = requests that ended in it; offered rate; failure
 
@@ -53,7 +53,7 @@ class Distribution(BaseModel):
 
     @classmethod
     def of_sketch(cls, sketch: GapPool) -> Distribution:
-        """Exact count and mean; percentiles within the sketch's relative error (batchscope/loadgen/sketch.py;
+        """Exact count and mean; percentiles within the sketch's relative error (sketch.py;
         ExactGaps': exact)."""
         if sketch.count == 0:
             return cls(count=0, mean=None, p50=None, p90=None, p99=None)
@@ -90,7 +90,7 @@ class Summary(BaseModel):
     ttft: Distribution = Field(description="Time to first token (from the scheduled send), completed requests.")
     tpot: Distribution = Field(description="Time per output token, (E2E - TTFT) / (n - 1), completed requests.")
     itl: Distribution = Field(description="Inter-token latency, every gap of the completed requests pooled "
-                              "(percentiles within 0.5% relative error, batchscope/loadgen/sketch.py).")
+                              "(percentiles within 0.5% relative error, batchscope/loadgen/figures/sketch.py).")
     e2e: Distribution = Field(description="End-to-end latency (from the scheduled send), completed requests.")
     peak_concurrency: int = Field(description="Most requests in flight at once (sweep over send..end, whole run).")
     dispatch_lag_p99_s: float | None = Field(description="p99 of actual - scheduled send over every request sent "
@@ -99,14 +99,14 @@ class Summary(BaseModel):
                                 "window, or more than spec.max_failed_fraction of those that ended in it failed; "
                                 "null when it did not.")
     generator: GeneratorLoad | None = Field(None, description="Whether the load generator itself was the "
-                                            "bottleneck (batchscope/loadgen/saturation.py); null in "
+                                            "bottleneck (batchscope/loadgen/figures/saturation.py); null in "
                                             "summaries written before it was measured.")
 
 
 def summarize(spec: WorkloadSpec, figures: RunFigures, stats: ClientStats, generator: GeneratorLoad, *,
               run_id: str, host: str, start_s: float, stop_s: float, refused_s: Sequence[float] = ()) -> Summary:
-    """Build the summary from the run's figures (batchscope/loadgen/figures.py) and counters
-    (batchscope/loadgen/metrics.py). The window starts after warm-up and lasts duration_s, or less if the run stopped
+    """Build the summary from the run's figures (figures.py) and counters
+    (metrics.py). The window starts after warm-up and lasts duration_s, or less if the run stopped
     sooner (offline: until the last end); Locust's shape ticks once a second, so the stop itself comes late.
 
     ``refused_s`` holds the scheduled times of the refused arrivals, for the offered rate.

@@ -2,17 +2,10 @@
 ``input_tokens`` tokens, and set ``max_tokens`` + ``ignore_eos`` so the output is exactly ``output_tokens``.
 
 This is the run's pre-flight, done before any load (by `batchscope load` before it starts Locust, and again by
-the controller): ``--host`` must be an http(s) URL whose server accepts a connection, then GET /v1/models (a
-redirect is refused: no request of the pre-flight follows one, as the load's own client follows none).
-
-Every request gets a prompt of its own (batchscope/loadgen/prompts.py: an optional shared prefix, then a unique part).
-Completions get token ids (exact by construction) from the range the served model's vocabulary allows: a probe
-of one one-token completion of id ID_HIGH - 1, and when vLLM refuses it as out of vocabulary, a bisection (at
-most VOCAB_PROBES probes in all) for the largest id it accepts (prompt_layout.id_range). Chat gets words
-calibrated through the server's /tokenize (its own tokenizer and chat template): once it has shown that each
-word is one token, the template's own count says how many words make the length, and one more count confirms
-it. A request longer than the server's max_model_len (from GET /v1/models) is refused here, before anything is
-sent: the server would reject every one of them.
+the controller): ``--host`` an http(s) URL whose server accepts a connection, GET /v1/models (a redirect
+refused), the length against max_model_len, then on completions the prompt ids' range (a probe, then a bisection
+of at most VOCAB_PROBES probes), on chat the words' calibration through /tokenize. Each request's prompt is
+prompts.py's. In full: docs/loadgen.md, "Pre-flight".
 """
 
 from __future__ import annotations
@@ -29,9 +22,9 @@ from urllib.parse import urlsplit
 import numpy as np
 import requests
 
-from batchscope.loadgen import framing
-from batchscope.loadgen.prompts import WORDS, chat_messages, draw_prompt, prompt_bodies
 from batchscope.loadgen.spec import ConcurrencyLoad, OfflineLoad, SpecError, WorkloadSpec
+from batchscope.loadgen.stream import framing
+from batchscope.loadgen.stream.prompts import WORDS, chat_messages, draw_prompt, prompt_bodies
 from batchscope.wire.bounded_read import JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, request
 from batchscope.workload.prompt_layout import ID_HIGH, ID_LOW, SALT_TOKENS, id_range, salt_capacity
 

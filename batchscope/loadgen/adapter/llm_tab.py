@@ -1,30 +1,11 @@
-"""The state of the "LLM" tab of Locust's web UI, on the controller: a grid of cards for a screen, with the run's
-client-side figures, the server's own queue as vLLM's /metrics reports it, the serving configuration the server
-exposes, charts of all of these over the run, links to the Grafana dashboards, and the workload spec.
+"""The state of the "LLM" tab of Locust's web UI, on the controller: the run's client figures, the server's
+queue as vLLM's /metrics reports it, the serving configuration it exposes, charts of these over the run, links
+to the Grafana dashboards and the workload spec.
 
-``LlmTab.state()`` is what ``<base>/llm/state`` answers; batchscope/loadgen/adapter/webui.py serves it in Locust's web
-UI, where ``adapter/static/llm_tab.js`` draws it. Only the controller (master or local runner) has a web UI, so the
-tab shows the merged view of every worker.
-
-Client figures follow the end-of-run summary (batchscope/loadgen/summary.py): latencies of the requests completed ok in
-the measurement window (batchscope/loadgen/window.py: ended after warm-up and within duration_s) with exact percentiles,
-in ms; throughputs over the window so far. The live output tokens/s counts the tokens of completed requests (cheap to
-keep up to date); the end-of-run summary counts every token that arrived in the window, so it reads a little
-higher while long requests are streaming.
-
-Server figures come from ``<host>/metrics`` (no API key: vLLM serves /metrics without one), read with a 1 s
-timeout at most once per MIN_READ_INTERVAL_S, over every ``engine``: requests running and waiting (summed), KV
-cache usage (averaged), and preemptions in the window (summed) = the counter now minus its value at the first
-successful read at or after the window start. A read is made at the window start, so that is the start unless
-the server did not answer then; the figure names the baseline's time otherwise. A failed read shows
-"unreachable". The serving configuration is what vLLM's ``vllm:cache_config_info`` labels say (block size,
-memory share, KV blocks...), beside the model the run asks for; vLLM does not expose its scheduler's knobs
-(max_num_seqs, max_num_batched_tokens) in /metrics, the exporter reads those from its command line.
-
-Once the run stops (its end, a stop asked for, or Locust's Stop button) the server is not read again: an idle
-server's zeros are not the run's figures, so the cards and charts keep the last reading taken while it ran.
-The charts' history is sampled every SAMPLE_INTERVAL_S by a greenlet of ours (a browser opened late still sees
-the whole run) and bounded: past MAX_POINTS, every other point is dropped and the interval doubles.
+``LlmTab.state()`` is what ``<base>/llm/state`` answers (webui.py serves it, static/llm_tab.js draws it). The
+server is read at most once per MIN_READ_INTERVAL_S, bounded in time and bytes (batchscope/vllm/scrape.py), and
+not again once the run stops. What each figure counts, the preemption baseline and the charts' bound:
+docs/loadgen.md, "The LLM tab".
 """
 
 from __future__ import annotations
@@ -39,10 +20,10 @@ import gevent
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchscope.loadgen.control import RunControl
-from batchscope.loadgen.request import OUTCOMES
+from batchscope.loadgen.figures import Distribution, generator_line, latencies
+from batchscope.loadgen.run import RunControl
 from batchscope.loadgen.spec import WorkloadSpec
-from batchscope.loadgen.summary import Distribution, generator_line, latencies
+from batchscope.loadgen.stream import OUTCOMES
 from batchscope.vllm.catalogue import sample_aliases
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -334,7 +315,7 @@ def request_rows(ctl: RunControl) -> list[dict[str, str]]:
 
 
 def generator_rows(ctl: RunControl) -> list[dict[str, str]]:
-    """The live saturation verdict (batchscope/loadgen/saturation.py): the advice when the generator is the
+    """The live saturation verdict (batchscope/loadgen/figures/saturation.py): the advice when the generator is the
     bottleneck."""
     return [row("generator", "load generator", generator_line(ctl.saturation.live()))]
 

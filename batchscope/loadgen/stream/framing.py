@@ -1,5 +1,5 @@
 """HTTP/1.1 framing without I/O: the URL's parts, the request's bytes, a chunked body decoded as its bytes arrive,
-Retry-After; and the bounds on what a peer can make this client buffer (batchscope/loadgen/http.py does the socket I/O).
+Retry-After; and the bounds on what a peer can make this client buffer (http.py does the socket I/O).
 
 Every buffer a peer can fill is bounded (a peer may be broken or hostile; vLLM's chunks are one SSE event each,
 hundreds of bytes): a chunk's size line (MAX_CHUNK_LINE_BYTES), a chunk (MAX_CHUNK_BYTES), the head and the
@@ -50,7 +50,7 @@ class ChunkedDecoder:
     """Chunked transfer coding decoded from bytes pushed as they arrive: whole chunk payloads out, the end noticed.
 
     One decoder for both ways of reading a body: a greenlet pulling it (``Connection.body``) and the process's
-    stream reader pushing what each socket delivered (``loadgen.reader``). Linear in the bytes whatever their
+    stream reader pushing what each socket delivered (``loadgen.stream.reader``). Linear in the bytes whatever their
     framing: a chunk longer than the reads bringing it is gathered in parts and joined once, and many small
     chunks in one read are cut out by position, not by slicing off the rest after each.
     """

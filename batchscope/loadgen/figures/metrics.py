@@ -1,18 +1,11 @@
 """Client-side metrics: accumulators fed with every finished request (on the master, every worker's) and their
-collector.
+collector: ``batchscope_client_<what>_<unit>``, labelled ``run_id`` and ``scenario`` (and ``metric`` on the SLO
+targets).
 
-Histogram boundaries are vLLM's for the same quantity plus finer low-latency ones, so the client and server
-views can be compared quantile for quantile. Names: ``batchscope_client_<what>_<unit>``; labels ``run_id`` and
-``scenario`` only (and ``metric`` on the SLO targets).
-
-Populations: the latency histograms (TTFT, TPOT, ITL, E2E) hold the requests completed ok in the measurement
-window (batchscope/loadgen/window.py), as the summary and the LLM tab, so they stay empty during warm-up. The counters
-(requests by outcome, started, refused, tokens) and the lag histograms (dispatch, first read) count the whole
-run: ``started == sum(outcomes)`` must hold from the first request, and Prometheus' rate() picks its own window
-from counters anyway. The goodput counter holds the latency histograms' population: of the requests completed ok
-in the window, those whose own TTFT and TPOT met the spec's targets (``slo``, exposed beside it as
-``batchscope_client_slo_target_seconds``; the exporter hands them to the SLO recording rules).
-``batchscope_client_saturated`` and ``batchscope_client_cpu_ratio`` are live (batchscope/loadgen/saturation.py).
+Histogram boundaries are vLLM's for the same quantity plus finer low-latency ones, so client and server
+quantiles compare. The latency histograms and the goodput counter hold the window's requests completed ok
+(window.py), the counters and the lag histograms the whole run; the saturation gauges are live (saturation.py).
+Populations in full: docs/loadgen.md, "Client metrics".
 """
 
 from __future__ import annotations
@@ -24,9 +17,9 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from batchscope.loadgen.request import OUTCOMES, RequestRecord
-from batchscope.loadgen.saturation import GeneratorLoad
+from batchscope.loadgen.figures.saturation import GeneratorLoad
 from batchscope.loadgen.spec import SloTargets, WorkloadSpec
+from batchscope.loadgen.stream import OUTCOMES, RequestRecord
 from batchscope.stats.histogram import Histogram, merged_bounds
 from batchscope.vllm.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 
@@ -105,7 +98,7 @@ class ClientStats:
 
 class ClientMetricsCollector(Collector):
     """Exposes a ClientStats at scrape time; ``refresh``, ``in_flight``, ``spec_labels`` and ``generator`` (the
-    live saturation verdict, batchscope/loadgen/saturation.py) are callables."""
+    live saturation verdict, saturation.py) are callables."""
 
     def __init__(self, stats: ClientStats, in_flight, run_id: str, scenario: str, spec_labels, refresh,
                  generator: Callable[[], GeneratorLoad] | None = None) -> None:

@@ -1,15 +1,10 @@
 """A minimal HTTP/1.1 client for streamed responses: one keep-alive connection per in-flight request.
 
-Why not requests: the measurement has to start when the request bytes leave and stop when each chunk arrives.
-``requests.Session.post`` spends about a millisecond preparing a request before the first byte is written, a
-bias as large as the 2 ms budget for TTFT, and urllib3's chunk decoding dominates the CPU per streamed token.
-This client writes the pre-encoded request with one ``sendall`` (``sent_s`` is taken just before it) and hands
-out body bytes as they arrive. Sockets come from the standard library, so gevent (under Locust) makes them
-cooperative. HTTPS is supported through ``ssl``; proxies and redirects are not.
-
-The framing (the request's bytes, the chunked decoder, the bounds on a chunk, its size line, the head and the
-trailers) is batchscope/loadgen/framing.py's; what this module reads is bounded by it, and a body read whole by
-``Connection.read_bounded``'s limit.
+It writes the pre-encoded request with one ``sendall`` (``sent_s`` is taken just before it) and hands out body
+bytes as they arrive, each read stamped with the kernel's receive time; ``requests`` spends about a millisecond
+before the first byte and too much CPU per token (docs/loadgen.md, "The HTTP client"). Standard-library
+sockets, so gevent makes them cooperative; HTTPS through ``ssl``; no proxies or redirects. What it reads is
+bounded by framing.py, and a body read whole by ``Connection.read_bounded``'s limit.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterator
 
-from batchscope.loadgen.framing import MAX_HEADER_BYTES, ChunkedDecoder, Endpoint, ProtocolError
+from batchscope.loadgen.stream.framing import MAX_HEADER_BYTES, ChunkedDecoder, Endpoint, ProtocolError
 from batchscope.wire import receive_stamps
 from batchscope.wire.receive_stamps import ANCILLARY_SIZE, TIMESPEC
 
@@ -209,7 +204,7 @@ class Connection:
         A busy client reads late: timing chunks by the read would add its own scheduling delay to every TTFT
         and ITL. For TCP the kernel stamps a read with the arrival of the last segment it returns, and segments
         left waiting merge under the later one's stamp: the stamps are exact only for data read before more
-        arrives on the same socket (hence loadgen.reader). One method for the read and its stamp: every token
+        arrives on the same socket (hence loadgen.stream.reader). One method for the read and its stamp: every token
         passes through here, and a call less per read counts.
         """
         sock = self._sock
@@ -283,7 +278,7 @@ class Connection:
             self._buffer = b""
 
 
-Follow = Callable[[Connection, Payload], None]  # loadgen.reader.StreamReader.follow: reads a body elsewhere
+Follow = Callable[[Connection, Payload], None]  # loadgen.stream.reader.StreamReader.follow: reads a body elsewhere
 
 
 def _keep_alive(headers: dict[str, str]) -> bool:

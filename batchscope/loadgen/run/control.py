@@ -5,7 +5,7 @@ controller adds them up, writes each record to records.jsonl as it arrives, and 
 the end it asks every sender to stop, waits (bounded) for their final reports, then lets Locust quit, so every
 started request is accounted for in the summary. A run whose first FAIL_FAST_REQUESTS requests were all refused
 with the same status ends there: a non-retryable 4xx (more of the same requests would only be rejected again), or
-a 429 or 503 the senders kept backing off from (batchscope/loadgen/run.py) while the server kept refusing.
+a 429 or 503 the senders kept backing off from (sender.py) while the server kept refusing.
 """
 
 from __future__ import annotations
@@ -20,15 +20,18 @@ from typing import IO
 
 import numpy as np
 
-from batchscope.loadgen.figures import RunFigures
-from batchscope.loadgen.metrics import ClientStats
-from batchscope.loadgen.report import SenderReport
-from batchscope.loadgen.request import RequestRecord
-from batchscope.loadgen.saturation import SaturationMonitor
+from batchscope.loadgen.figures import (
+    ClientStats,
+    MeasurementWindow,
+    RunFigures,
+    SaturationMonitor,
+    Summary,
+    live_window,
+    summarize,
+)
+from batchscope.loadgen.run.report import SenderReport
 from batchscope.loadgen.spec import OfflineLoad, WorkloadSpec
-from batchscope.loadgen.summary import Summary, summarize
-from batchscope.loadgen.target import Target, build_target
-from batchscope.loadgen.window import MeasurementWindow, live_window
+from batchscope.loadgen.stream import RequestRecord, Target, build_target
 
 FINAL_REPORT_TIMEOUT_S = 30.0
 FAIL_FAST_REQUESTS = 10
@@ -94,7 +97,7 @@ class RunControl:
         if self._records_file is not None:
             self._records_file.write(record.to_json() + "\n")
         # a record arrives after its end, and one ending after an early stop arrives after the stop is set: the
-        # verdict is final when made, so the live figures hold the summary's population (batchscope/loadgen/window.py)
+        # verdict is final when made, so the live figures hold the summary's population (figures/window.py)
         window = self.window()
         self.stats.observe(record, in_window=window.holds(record))
         self.figures.add(record, window)  # the record itself is not kept: memory stays flat on long runs
@@ -138,7 +141,7 @@ class RunControl:
     # ----- timing --------------------------------------------------------------------------------------
 
     def window(self) -> MeasurementWindow:
-        """The measurement window as known now (batchscope/loadgen/window.py); call after begin()."""
+        """The measurement window as known now (batchscope/loadgen/figures/window.py); call after begin()."""
         assert self.start_s is not None
         return live_window(self.spec, self.start_s, self.stop_s)
 
