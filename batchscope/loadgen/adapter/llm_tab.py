@@ -18,13 +18,21 @@ from typing import Any
 
 import gevent
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.loadgen.figures import Distribution, generator_line, latencies
 from batchscope.loadgen.run import RunControl
 from batchscope.loadgen.spec import WorkloadSpec
 from batchscope.loadgen.stream import OUTCOMES
-from batchscope.vllm.catalogue import sample_aliases
+from batchscope.vllm import scrape
+from batchscope.vllm.catalogue import (
+    CACHE_CONFIG_INFO,
+    KV_CACHE_USAGE,
+    NUM_PREEMPTIONS,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    sample_aliases,
+)
+from batchscope.wire.bounded_read import METRICS_MAX_BYTES
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 CHARTED_LATENCIES = ("ttft", "itl")
@@ -38,13 +46,13 @@ SERVER_TIMEOUT_S = 1.0
 MIN_READ_INTERVAL_S = 1.5
 SAMPLE_INTERVAL_S = 2.0  # the charts' step (Locust's own charts poll every 2 s too)
 MAX_POINTS = 600  # per series: 20 minutes at 2 s, then thinned (a long run keeps its whole span)
-CONFIG_METRIC = "vllm:cache_config_info"
+CONFIG_METRIC = CACHE_CONFIG_INFO.exposed_name
 # sample names as the text format spells them (a counter's samples end in _total), today's first, then older
 # releases' (vLLM 0.8 named the KV gauge gpu_cache_usage_perc); a server exposing both is in its deprecation
 # window: the new name wins
-SERVER_SAMPLES = {key: sample_aliases(name) for key, name in (
-    ("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
-    ("kv", "vllm:kv_cache_usage_perc"), ("preemptions", "vllm:num_preemptions_total"))}
+SERVER_SAMPLES = {key: sample_aliases(metric.exposed_name) for key, metric in (
+    ("running", NUM_REQUESTS_RUNNING), ("waiting", NUM_REQUESTS_WAITING), ("kv", KV_CACHE_USAGE),
+    ("preemptions", NUM_PREEMPTIONS))}
 SAMPLE_PREFIXES = tuple(f"{name}{end}" for names in (*SERVER_SAMPLES.values(), (CONFIG_METRIC,))
                         for name in names for end in "{ ")
 
@@ -79,7 +87,7 @@ class ServerReading:
     waiting: float | None
     kv: float | None
     preemptions: float | None
-    config: dict[str, str] = field(default_factory=dict)  # vllm:cache_config_info's labels, engine 0's
+    config: dict[str, str] = field(default_factory=dict)  # CONFIG_METRIC's labels, engine 0's
 
 
 def parse_server_metrics(text: str, at_s: float) -> ServerReading:
@@ -87,18 +95,16 @@ def parse_server_metrics(text: str, at_s: float) -> ServerReading:
     averaged (each engine has its own pool of the same size, so a sum could pass 100%), the cache config of the
     first engine listed (engines of one server share it).
 
-    Only the few wanted sample lines go through prometheus_client's parser: a vLLM /metrics carries thousands
-    of histogram lines, whose full parse (~40 ms for 2,000 series, batchscope/exporter/families.py) would stall this
-    gevent loop; the line filter costs ~1.5 µs a line (measured: 3.6 ms for 2,500 lines).
+    Only the few wanted sample lines are parsed (scrape.picked_samples): a vLLM /metrics carries thousands of
+    histogram lines, whose full parse (~40 ms for 2,000 series) would stall this gevent loop; the line filter
+    costs ~1.5 µs a line (measured: 3.6 ms for 2,500 lines).
     """
-    wanted = "\n".join(line for line in text.splitlines() if line.startswith(SAMPLE_PREFIXES))
     values: dict[str, list[float]] = {}
     config: dict[str, str] = {}
-    for family in text_string_to_metric_families(wanted + "\n"):
-        for sample in family.samples:
-            values.setdefault(sample.name, []).append(sample.value)
-            if sample.name == CONFIG_METRIC and not config:
-                config = {k: v for k, v in sorted(sample.labels.items()) if k != "engine"}
+    for sample in scrape.picked_samples(text, SAMPLE_PREFIXES):
+        values.setdefault(sample.name, []).append(sample.value)
+        if sample.name == CONFIG_METRIC and not config:
+            config = {k: v for k, v in sorted(sample.labels.items()) if k != "engine"}
     found = {key: next((values[n] for n in names if n in values), None) for key, names in SERVER_SAMPLES.items()}
     figures = {key: None if v is None else sum(v) / (len(v) if key == "kv" else 1) for key, v in found.items()}
     return ServerReading(at_s=at_s, config=config, **figures)
@@ -107,14 +113,16 @@ def parse_server_metrics(text: str, at_s: float) -> ServerReading:
 class ServerMetrics:
     """vLLM's /metrics at ``host``, read at most every MIN_READ_INTERVAL_S, plus the preemption baseline.
 
-    ``fetch`` returns the exposition text or raises; the default is a GET with a short timeout, which under
-    Locust's gevent monkey-patching waits without blocking the load's greenlets.
+    ``fetch`` returns the exposition text or raises; the default is a GET bounded by SERVER_TIMEOUT_S and
+    METRICS_MAX_BYTES (scrape.read_text: an endless or dripping answer is a failed read, not a stalled tab),
+    which under Locust's gevent monkey-patching waits without blocking the load's greenlets.
     """
 
     def __init__(self, host: str, fetch: Callable[[str], str] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.url = host.rstrip("/") + "/metrics"
-        self.fetch = fetch or get_text
+        self.session = requests.Session()  # one connection kept alive across the reads
+        self.fetch = fetch or self.get_text
         self.clock = clock
         self.latest: ServerReading | None = None
         self.reachable: bool | None = None  # None until the first read ends
@@ -130,7 +138,9 @@ class ServerMetrics:
         self.last_read_s = now  # before the fetch: a poll arriving meanwhile must not start a second one
         try:
             reading = parse_server_metrics(self.fetch(self.url), now)
-        except Exception:  # refused, timed out, an HTTP error, not an exposition: all mean "unreachable"
+        # refused, timed out, too large, an HTTP error, not an exposition (scrape.Unreadable, ValueError), or the
+        # peer hanging up mid-body (urllib3's errors pass read_text): all mean "unreachable"
+        except Exception:
             reading = None
         if not keep():
             return
@@ -141,19 +151,15 @@ class ServerMetrics:
         if self.baseline is None and now >= window_start_s and reading.preemptions is not None:
             self.baseline = reading
 
+    def get_text(self, url: str) -> str:
+        return scrape.read_text(self.session, url, SERVER_TIMEOUT_S, METRICS_MAX_BYTES)
+
     def preempted(self) -> float | None:
         """Preemptions since the baseline, as of the latest reading."""
         latest, baseline = self.latest, self.baseline
         if latest is None or baseline is None or latest.preemptions is None or baseline.preemptions is None:
             return None
         return latest.preemptions - baseline.preemptions
-
-
-def get_text(url: str) -> str:
-    # text format asked for explicitly: prometheus_client >= 0.23 answers an OpenMetrics Accept with vllm_ names
-    answer = requests.get(url, headers={"Accept": "text/plain"}, timeout=SERVER_TIMEOUT_S)
-    answer.raise_for_status()
-    return answer.text
 
 
 class History:
