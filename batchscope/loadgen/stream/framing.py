@@ -4,7 +4,7 @@ Retry-After; and the bounds on what a peer can make this client buffer (http.py 
 Every buffer a peer can fill is bounded (a peer may be broken or hostile; vLLM's chunks are one SSE event each,
 hundreds of bytes): a chunk's size line (MAX_CHUNK_LINE_BYTES), a chunk (MAX_CHUNK_BYTES), the head and the
 trailers (MAX_HEADER_BYTES). A size that is not hexadecimal digits, or is over its bound, is a ProtocolError
-naming the bound: a negative size once made the decoder append nothing forever.
+naming the bound (a negative size would make the decoder append nothing forever).
 """
 
 from __future__ import annotations
