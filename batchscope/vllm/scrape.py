@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 
 import requests
+import urllib3.exceptions
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -30,7 +31,8 @@ def read_text(session: requests.Session, url: str, timeout_s: float, max_bytes: 
     """The text at ``url`` (a /metrics URL) within ``timeout_s`` and ``max_bytes``, else Unreadable."""
     try:
         return fetch(session, url, deadline=time.monotonic() + timeout_s, max_bytes=max_bytes, headers=ACCEPT).text()
-    except (requests.RequestException, FetchTimeout, BodyTooLarge, ValueError) as exc:
+    # urllib3's own errors: a peer that hangs up mid-body, before the deadline, fails raw.read1 with them
+    except (requests.RequestException, urllib3.exceptions.HTTPError, FetchTimeout, BodyTooLarge, ValueError) as exc:
         raise Unreadable(f"{url}: {type(exc).__name__}: {exc}") from exc  # the cause, for a reader that tells why
 
 

@@ -3,6 +3,8 @@ over a real vLLM 0.32 exposition."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -59,3 +61,20 @@ def test_what_is_not_an_exposition_is_told():
         scrape.families("# TYPE vllm:x gauge\nvllm:x not-a-number\n")
     assert scrape.info_labels("not { an exposition", catalogue.CACHE_CONFIG_INFO.name) is None
     assert scrape.info_labels(FIXTURE, "vllm:no_such_info") is None
+
+
+def test_a_peer_hanging_up_mid_body_is_unreadable():
+    """A body cut before its Content-Length, well before the deadline: urllib3's own error, told as Unreadable."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_half() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\nvllm")
+
+    server = threading.Thread(target=answer_half, daemon=True)
+    server.start()
+    with listener, requests.Session() as session, pytest.raises(scrape.Unreadable):
+        scrape.read_text(session, f"http://127.0.0.1:{listener.getsockname()[1]}/metrics", timeout_s=5.0)
+    server.join(timeout=5)
