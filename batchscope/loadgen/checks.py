@@ -5,14 +5,11 @@ nothing else), and the locustfile, for runs started with `locust -f` directly. N
 
 from __future__ import annotations
 
-import re
 import socket
 from pathlib import Path
 
+from batchscope.runs import run_ids
 from batchscope.wire.listen import ListenError, listen
-
-# the run id names a folder under out/ and goes into request ids and metric labels: no path separators, no "..".
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class BadInput(ValueError):
@@ -20,9 +17,10 @@ class BadInput(ValueError):
 
 
 def check_run_id(run_id: str) -> str:
-    if not RUN_ID.fullmatch(run_id):
-        raise BadInput(f"--run-id: {run_id!r} must be 1-128 letters, digits, '.', '_' or '-', starting with a "
-                       "letter or digit (it names a folder under the output directory)")
+    # the run id names a folder under out/ and goes into request ids and metric labels: no path separators, no ".."
+    if not run_ids.RUN_ID.fullmatch(run_id):
+        raise BadInput(f"--run-id: {run_id!r} must be 1-{run_ids.RUN_ID_MAX_LENGTH} letters, digits, '.', '_' or "
+                       "'-', starting with a letter or digit (it names a folder under the output directory)")
     return run_id
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 from batchscope.inputs import exits
@@ -18,6 +17,7 @@ from batchscope.loadgen.checks import BadInput, check_host, check_out_dir, check
 from batchscope.loadgen.figures import DEFAULT_METRICS_PORT
 from batchscope.loadgen.spec import SpecError, WorkloadSpec, load_spec
 from batchscope.loadgen.stream import build_target
+from batchscope.runs import run_ids
 
 LOCUSTFILE = Path(__file__).parent / "adapter" / "locustfile.py"
 MASTER_PORT = 5557  # Locust's default
@@ -97,7 +97,7 @@ def check_inputs(args: argparse.Namespace) -> tuple[str, Path]:
         check_host("--master-bind-host", args.master_bind_host)
         bind_host = "" if args.master_bind_host in ANY_ADDRESS else args.master_bind_host
         check_port("--master-port", args.master_port, bind_host, host_flag="--master-bind-host")
-    run_id = check_run_id(args.run_id) if args.run_id else time.strftime("%Y%m%dT%H%M%S")
+    run_id = check_run_id(args.run_id) if args.run_id else run_ids.default_run_id()
     out = Path(args.out or Path("out") / run_id)
     check_out_dir(out)
     return run_id, out

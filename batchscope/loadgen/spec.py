@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from batchscope.inputs.secrets import mask_mapping
-from batchscope.inputs.validation import TAGGED_UNION_ERRORS, first_error, yaml_problem
+from batchscope.inputs.validation import TAGGED_UNION_ERRORS, first_error, read_yaml_mapping
 
 MAX_TOKENS = 10_000_000  # per request, prompt or output: beyond any model's context
 MAX_CONCURRENCY = 100_000  # users, or requests in flight
@@ -196,16 +196,7 @@ def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> Wo
     """Read a spec file (optional) and apply ``key=value`` overrides; raise SpecError on any problem."""
     data: dict = {}
     if path is not None:
-        try:
-            data = yaml.load(Path(path).read_text(), Loader=_Loader) or {}  # noqa: S506 (a SafeLoader)
-        except OSError as exc:
-            raise SpecError(f"spec: cannot read {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise SpecError(f"spec: {path} is not UTF-8 text") from None
-        except yaml.YAMLError as exc:
-            raise SpecError(f"spec: {path} is not valid YAML ({yaml_problem(exc)})") from None
-        if not isinstance(data, dict):
-            raise SpecError(f"spec: {path} must hold a mapping of fields")
+        data = read_yaml_mapping(path, "spec", SpecError, loader=_Loader, empty_ok=True)
     for item in overrides or []:
         _apply_override(data, item)
     try:

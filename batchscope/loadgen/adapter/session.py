@@ -12,7 +12,6 @@ needs from the controller (its ``SenderPlan``) is handed over in process, or as 
 from __future__ import annotations
 
 import argparse
-import time
 import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from batchscope.loadgen.adapter.stats import DeferredRequestEvents
 from batchscope.loadgen.run import LoadRun, RunControl
 from batchscope.loadgen.spec import WorkloadSpec
 from batchscope.loadgen.stream import Target
+from batchscope.runs import run_ids
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def new_control(environment: Environment, spec: WorkloadSpec) -> RunControl:
         senders = LocalSender(environment)
         pull = senders.pull
     low, _, high = options.batchscope_ids.partition(",")
-    control = RunControl(spec=spec, run_id=options.run_id or time.strftime("%Y%m%dT%H%M%S"),
+    control = RunControl(spec=spec, run_id=options.run_id or run_ids.default_run_id(),
                          host=environment.host or "", out_dir=Path(options.out) if options.out else None,
                          request_stop=senders.request_stop, sender_count=senders.count, pull=pull,
                          ids=(int(low), int(high)) if high else None)

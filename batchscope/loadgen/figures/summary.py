@@ -22,13 +22,13 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-import batchscope
 from batchscope.loadgen.figures.figures import RunFigures
 from batchscope.loadgen.figures.metrics import ClientStats
 from batchscope.loadgen.figures.saturation import GeneratorLoad
 from batchscope.loadgen.figures.sketch import GapPool
 from batchscope.loadgen.figures.window import final_window
 from batchscope.loadgen.spec import PoissonLoad, WorkloadSpec
+from batchscope.runs.provenance import Provenance
 
 SUMMARY_SCHEMA_VERSION = 2  # 2: window = requests that ended in it; offered rate; failure
 
@@ -61,11 +61,10 @@ class Distribution(BaseModel):
         return cls(count=sketch.count, mean=sketch.mean, p50=p50, p90=p90, p99=p99)
 
 
-class Summary(BaseModel):
+class Summary(Provenance):
     """One run's result, with the spec that produced it."""
 
     schema_version: int = Field(SUMMARY_SCHEMA_VERSION, description="Bumped on any breaking change of this model.")
-    tool_version: str = Field(batchscope.__version__, description="batchscope version that wrote it.")
     python: str = Field(platform.python_version(), description="Python version of the load generator.")
     run_id: str = Field(description="Run identifier (label run_id in metrics, file names).")
     host: str = Field(description="Base URL of the server under test.")
