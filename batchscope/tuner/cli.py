@@ -18,16 +18,11 @@ import sys
 from pathlib import Path
 
 from batchscope.inputs import exits
-from batchscope.tuner.mlperf import FOLDER_PREFIX, ServerRules
-from batchscope.tuner.plan import Plan, PlanError, load_plan
-from batchscope.tuner.planned import plan_runs
-from batchscope.tuner.progress import Progress
-from batchscope.tuner.report_prediction import WHAT_IF_SUFFIX
-from batchscope.tuner.report_scenarios import scenario_dirs
+from batchscope.tuner.mlperf import FOLDER_PREFIX, SCENARIOS, ServerRules, describe, nothing_measured, run_scenario
+from batchscope.tuner.plan import Plan, PlanError, load_plan, plan_runs
+from batchscope.tuner.report import WHAT_IF_SUFFIX, scenario_dirs
 from batchscope.tuner.results import PLAN_FILE, CannotWrite, check_writable, load_results
-from batchscope.tuner.runner import nothing_compared, run_plan
-from batchscope.tuner.scenarios import SCENARIOS, describe, nothing_measured, run_scenario
-from batchscope.tuner.stopping import Interrupted, StopOnSignal
+from batchscope.tuner.run import Interrupted, Progress, StopOnSignal, nothing_compared, run_plan
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

@@ -76,10 +76,11 @@ from batchscope.tuner.results import (
     RunStart,
     ServerReport,
     ServerSignals,
+    good_count,
     hit_rate,
     now_iso,
+    samples_of,
 )
-from batchscope.tuner.signals import good_count, samples_of
 from batchscope.workload import poisson
 from batchscope.workload.prompt_layout import ID_HIGH, ID_LOW, id_range, prompt_ids
 

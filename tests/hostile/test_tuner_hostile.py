@@ -10,7 +10,7 @@ import pytest
 
 from batchscope.runs.annotations import GrafanaAnnotator
 from batchscope.testkit.hostile import HostileServer
-from batchscope.tuner.metrics_sampler import fetch_metrics
+from batchscope.tuner.run.metrics_sampler import fetch_metrics
 from tests.conftest import wait_until
 from tests.stubs import HttpStub, Reply, json_reply
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from batchscope.loadgen.summary import Distribution
-from batchscope.tuner.compare import compare
-from batchscope.tuner.comparison import Comparison
-from batchscope.tuner.plan import Objective, Slos
-from batchscope.tuner.report_recommendation import recommendation_lines
-from batchscope.tuner.results import RunResult
+from batchscope.tuner.compare.compute import compare
+from batchscope.tuner.compare.model import Comparison
+from batchscope.tuner.plan.file import Objective, Slos
+from batchscope.tuner.report.recommendation import recommendation_lines
+from batchscope.tuner.results.record import RunResult
 from tests.tuner.test_compare import N, make_run
 
 SLOS = Slos(ttft_p99_s=2.0, tpot_p99_s=0.2)

@@ -1,10 +1,10 @@
 """The MLPerf scenarios' sections of a report: Server (the sustained-rate bracket per setting, every point with
 its checks and the enforced timing) and Offline (throughput per setting).
 
-They come from results/<plan>[.what-if]/mlperf-<scenario>/<setting>.json (batchscope/tuner/scenarios.py). A plan
+They come from results/<plan>[.what-if]/mlperf-<scenario>/<setting>.json (batchscope/tuner/mlperf/measure.py). A plan
 folder's report adds them after the one-knob comparison; a folder holding only scenario results (the plan folder of a
 scenario-only plan, or an mlperf-<scenario> folder itself) gets a report of them alone. The sections are blocks
-(headings, paragraphs, tables) that batchscope/tuner/report.py renders as Markdown and as HTML.
+(headings, paragraphs, tables) that batchscope/tuner/report/files.py renders as Markdown and as HTML.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from batchscope.tuner.mlperf import FOLDER_PREFIX, OfflineResult, ServerPoint, ServerSearch
-from batchscope.tuner.report_text import slo_text
+from batchscope.tuner.report.text import slo_text
 
 SERVER_DIR, OFFLINE_DIR = f"{FOLDER_PREFIX}server", f"{FOLDER_PREFIX}offline"
 FOLDERS = (SERVER_DIR, OFFLINE_DIR)

@@ -6,10 +6,8 @@ in %; the CSV and comparison.json keep base units (s, ratio).
 
 from __future__ import annotations
 
-from batchscope.tuner.comparison import Comparison, MetricDelta, SettingSummary
-from batchscope.tuner.metric_defs import METRIC_BY_KEY
+from batchscope.tuner.compare import METRIC_BY_KEY, Comparison, MetricDelta, SettingSummary
 from batchscope.tuner.plan import BASELINE, TUNABLE, Slos
-from batchscope.tuner.whatif import STEP_JITTER_CV
 
 
 def display_unit(unit: str) -> str:
@@ -77,6 +75,8 @@ def ci_line(c: Comparison) -> str:
 def repeats_line(c: Comparison) -> str:
     """What makes repeats differ, so what their spread means."""
     if c.mode == "what-if":
+        from batchscope.tuner.whatif import STEP_JITTER_CV  # whatif brings the simulator: loaded for a what-if only
+
         return (f"What-if repeats differ by seed: repeat r draws its own step-time noise ({STEP_JITTER_CV:.0%} per "
                 "step, lognormal; an assumption, not a measured GPU's) and, with Poisson load, its own arrivals; "
                 "their spread is that noise's, not a real server's run-to-run variance.")

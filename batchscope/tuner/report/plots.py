@@ -20,10 +20,13 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Annotation  # noqa: E402
 from matplotlib.transforms import Bbox, blended_transform_factory  # noqa: E402
 
-from batchscope.tuner.comparison import Comparison, MetricDelta  # noqa: E402
-from batchscope.tuner.metric_defs import METRIC_BY_KEY  # noqa: E402
+from batchscope.tuner.compare import (  # noqa: E402
+    METRIC_BY_KEY,  # noqa: E402
+    Comparison,
+    MetricDelta,
+)
 from batchscope.tuner.plan import BASELINE  # noqa: E402
-from batchscope.tuner.report_text import display_unit, percent, shown  # noqa: E402
+from batchscope.tuner.report.text import display_unit, percent, shown  # noqa: E402
 
 # Metrics drawn as change-vs-baseline bars with their CI (the ones every run has a per-request or count basis for)
 BAR_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99",

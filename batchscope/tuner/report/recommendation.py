@@ -8,11 +8,17 @@ report.html.
 
 from __future__ import annotations
 
-from batchscope.tuner.comparison import Comparison, MetricDelta, Recommendation, SettingSummary
-from batchscope.tuner.metric_defs import METRIC_BY_KEY
+from batchscope.tuner.compare import (
+    METRIC_BY_KEY,
+    OBJECTIVES,
+    Comparison,
+    MetricDelta,
+    Recommendation,
+    SettingSummary,
+    evidence,
+)
 from batchscope.tuner.plan import BASELINE
-from batchscope.tuner.report_text import ci_text, display_unit, shown, slo_text
-from batchscope.tuner.verdicts import OBJECTIVES, evidence
+from batchscope.tuner.report.text import ci_text, display_unit, shown, slo_text
 
 TRADE_KEYS = ("ttft_mean", "ttft_p50", "ttft_p99", "tpot_p99", "itl_p99", "completion_throughput_rps")
 TRADE_MIN = 0.05  # a difference from the runner-up is named when >= 5%

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchscope.tuner.plan import Plan, ServingParams
-from batchscope.tuner.results import run_name
+from batchscope.tuner.plan.file import Plan, ServingParams, run_name
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 import batchscope
 from batchscope.loadgen import WorkloadSpec
-from batchscope.tuner.bootstrap import CONFIDENCE, MIN_REPEATS, RESAMPLES, SEED, Evidence, Method
+from batchscope.tuner.compare.bootstrap import CONFIDENCE, MIN_REPEATS, RESAMPLES, SEED, Evidence, Method
 from batchscope.tuner.plan import Objective, ServingParams, Slos
 from batchscope.tuner.results import ServerReport
 from batchscope.vllm import knobs as vllm_knobs

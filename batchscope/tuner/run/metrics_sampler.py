@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from batchscope.tuner.signals import MetricsPoint, parse_metrics
+from batchscope.tuner.results import MetricsPoint, parse_metrics
 from batchscope.wire.bounded_read import METRICS_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
 
 SAMPLE_INTERVAL_S = 1.0

@@ -16,11 +16,10 @@ from pathlib import Path
 import yaml
 
 from batchscope.runs.live_run import LiveRun
-from batchscope.tuner.backends import CAUSE_LINES, Server, die_with_parent
-from batchscope.tuner.plan import Plan
-from batchscope.tuner.planned import PlannedRun
-from batchscope.tuner.progress import Progress, read_client
+from batchscope.tuner.plan import Plan, PlannedRun
 from batchscope.tuner.results import write_atomically
+from batchscope.tuner.run.progress import Progress, read_client
+from batchscope.tuner.run.servers import CAUSE_LINES, Server, die_with_parent
 from batchscope.vllm.log import failure_cause
 from batchscope.wire.listen import free_port
 

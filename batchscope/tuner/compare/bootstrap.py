@@ -26,9 +26,9 @@ from typing import Literal
 
 import numpy as np
 
-from batchscope.tuner.metric_defs import Measured, MetricDef, mean_present
+from batchscope.tuner.compare.metrics import Measured, MetricDef, mean_present
+from batchscope.tuner.compare.welch import welch
 from batchscope.tuner.plan import BASELINE
-from batchscope.tuner.welch import welch
 
 RESAMPLES = 2000
 CONFIDENCE = 0.95

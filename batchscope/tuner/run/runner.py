@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from batchscope.tuner.backends import Server, make_server
-from batchscope.tuner.nested import first_difference
-from batchscope.tuner.observers import grafana_annotator
-from batchscope.tuner.one_run import run_one
-from batchscope.tuner.plan import BASELINE, Plan, PlanError
-from batchscope.tuner.planned import PlannedRun, plan_runs
-from batchscope.tuner.progress import Progress
+from batchscope.tuner.compare import first_difference
+from batchscope.tuner.plan import BASELINE, Plan, PlanError, PlannedRun, plan_runs
 from batchscope.tuner.results import PLAN_FILE, RUN_FILE, RunResult, save, write_atomically
+from batchscope.tuner.run.observers import grafana_annotator
+from batchscope.tuner.run.one_run import run_one
+from batchscope.tuner.run.progress import Progress
+from batchscope.tuner.run.servers import Server, make_server
 
 if TYPE_CHECKING:
     from batchscope.runs.annotations import GrafanaAnnotator

@@ -1,5 +1,5 @@
 """MLPerf's scenarios for each setting of a plan: `server` (the highest Poisson rate sustained within the p99
-bounds) and `offline` (all requests at once, throughput). The search and its checks are batchscope/tuner/mlperf.py's;
+bounds) and `offline` (all requests at once, throughput). The search and its checks are batchscope/tuner/mlperf/rules.py's;
 this drives them with real-time runs (the plan's backend, restarted per point) or what-if runs, and gives each point
 its flow: the arrivals offered in the window and vLLM's waiting queue through it (on the virtual clock the
 engine's num_waiting at every step; in real time the load generator's summary and the /metrics samples).
@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchscope.loadgen import PoissonLoad
-from batchscope.tuner.backends import Server, make_server
-from batchscope.tuner.mlperf import (
+from batchscope.tuner.mlperf.rules import (
     FOLDER_PREFIX,
     OfflineResult,
     PointFlow,
@@ -32,14 +31,17 @@ from batchscope.tuner.mlperf import (
     poisson_plan,
     search_server,
 )
-from batchscope.tuner.observers import grafana_annotator
-from batchscope.tuner.one_run import run_one
-from batchscope.tuner.plan import BASELINE, Plan, ServingParams
-from batchscope.tuner.planned import PlannedRun
-from batchscope.tuner.progress import Progress
-from batchscope.tuner.results import RUN_FILE, RunResult, write_atomically
-from batchscope.tuner.runner import ANNOTATIONS_DRAIN_S, what_if_run
-from batchscope.tuner.signals import MetricsPoint, read_summary
+from batchscope.tuner.plan import BASELINE, Plan, PlannedRun, ServingParams
+from batchscope.tuner.results import RUN_FILE, MetricsPoint, RunResult, read_summary, write_atomically
+from batchscope.tuner.run import (
+    ANNOTATIONS_DRAIN_S,
+    Progress,
+    Server,
+    grafana_annotator,
+    make_server,
+    run_one,
+    what_if_run,
+)
 from batchscope.workload import poisson
 
 if TYPE_CHECKING:

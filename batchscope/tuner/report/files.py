@@ -18,16 +18,14 @@ import html
 import io
 from pathlib import Path
 
-from batchscope.tuner.compare import compare
-from batchscope.tuner.comparison import Comparison
-from batchscope.tuner.metric_defs import METRICS
+from batchscope.tuner.compare import METRICS, Comparison, compare
 from batchscope.tuner.plan import BASELINE, TUNABLE, Plan, Slos
-from batchscope.tuner.report_html import html_blocks, html_figure, html_page, html_table, markdown_bold
-from batchscope.tuner.report_plots import PLOTS, png
-from batchscope.tuner.report_prediction import prediction_blocks
-from batchscope.tuner.report_recommendation import recommendation_lines
-from batchscope.tuner.report_scenarios import Block, Heading, Paragraph, is_scenario_dir, scenario_blocks, scenario_dirs
-from batchscope.tuner.report_text import (
+from batchscope.tuner.report.html import html_blocks, html_figure, html_page, html_table, markdown_bold
+from batchscope.tuner.report.mlperf import Block, Heading, Paragraph, is_scenario_dir, scenario_blocks, scenario_dirs
+from batchscope.tuner.report.plots import PLOTS, png
+from batchscope.tuner.report.prediction import prediction_blocks
+from batchscope.tuner.report.recommendation import recommendation_lines
+from batchscope.tuner.report.text import (
     METRIC_HEAD,
     SETTINGS_HEAD,
     changed_text,

@@ -26,8 +26,7 @@ import requests
 
 from batchscope.inputs.secrets import mask_argv
 from batchscope.tuner.plan import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
-from batchscope.tuner.results import ServerReport
-from batchscope.tuner.signals import server_report
+from batchscope.tuner.results import ServerReport, server_report
 from batchscope.vllm import knobs as vllm_knobs
 from batchscope.vllm.log import failure_cause
 from batchscope.wire.listen import free_port

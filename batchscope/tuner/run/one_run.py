@@ -9,23 +9,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchscope.tuner.backends import Server, StartFailed, stop_process, tail
-from batchscope.tuner.load_process import LOAD_STOP_GRACE_S, LoadProcess, follow_load, start_load, write_live_file
-from batchscope.tuner.metrics_sampler import MetricsSampler, fetch_metrics
-from batchscope.tuner.observers import annotate, query_prometheus
-from batchscope.tuner.plan import Plan
-from batchscope.tuner.planned import PlannedRun
-from batchscope.tuner.progress import Progress
-from batchscope.tuner.results import RunResult, RunStart, now_iso
-from batchscope.tuner.signals import (
+from batchscope.tuner.plan import Plan, PlannedRun
+from batchscope.tuner.results import (
     MetricsPoint,
+    RunResult,
+    RunStart,
     client_figures,
     good_requests,
+    now_iso,
     read_summary,
     request_samples,
     server_signals,
 )
-from batchscope.tuner.stopping import signals_deferred
+from batchscope.tuner.run.load_process import LOAD_STOP_GRACE_S, LoadProcess, follow_load, start_load, write_live_file
+from batchscope.tuner.run.metrics_sampler import MetricsSampler, fetch_metrics
+from batchscope.tuner.run.observers import annotate, query_prometheus
+from batchscope.tuner.run.progress import Progress
+from batchscope.tuner.run.servers import Server, StartFailed, stop_process, tail
+from batchscope.tuner.run.stopping import signals_deferred
 
 if TYPE_CHECKING:
     from batchscope.runs.annotations import GrafanaAnnotator

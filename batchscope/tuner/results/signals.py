@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from batchscope.loadgen import MeasurementWindow, RequestRecord, Summary, counted
 from batchscope.tuner.plan import Slos
-from batchscope.tuner.results import ClientFigures, RequestSamples, ServerReport, ServerSignals, hit_rate
+from batchscope.tuner.results.record import ClientFigures, RequestSamples, ServerReport, ServerSignals, hit_rate
 from batchscope.vllm.catalogue import current_sample_name
 from batchscope.vllm.log import parse_capacity
 

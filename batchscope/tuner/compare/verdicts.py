@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from batchscope.tuner.comparison import (
+from batchscope.tuner.compare.metrics import METRIC_BY_KEY
+from batchscope.tuner.compare.model import (
     MetricDelta,
     Recommendation,
     SettingSummary,
@@ -22,7 +23,6 @@ from batchscope.tuner.comparison import (
     Verdict,
     Verdicts,
 )
-from batchscope.tuner.metric_defs import METRIC_BY_KEY
 from batchscope.tuner.plan import BASELINE, Objective, Slos
 
 Evidence = Literal["significant", "indicative", "not significant", "no spread", "n/a"]

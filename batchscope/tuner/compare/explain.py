@@ -19,8 +19,8 @@ Thresholds (server signals have no CI with one repeat, so a change must be large
 
 from __future__ import annotations
 
-from batchscope.tuner.comparison import MetricDelta, SettingSummary, VariationComparison
-from batchscope.tuner.verdicts import counts
+from batchscope.tuner.compare.model import MetricDelta, SettingSummary, VariationComparison
+from batchscope.tuner.compare.verdicts import counts
 
 STEP_RATIO = 1.2
 QUEUE_RATIO, QUEUE_MIN_S = 2.0, 0.05

@@ -17,8 +17,7 @@ import requests
 
 from batchscope.runs.annotations import GrafanaAnnotator
 from batchscope.tuner.compare import changed_params
-from batchscope.tuner.plan import Plan, ServingParams
-from batchscope.tuner.planned import PlannedRun
+from batchscope.tuner.plan import Plan, PlannedRun, ServingParams
 from batchscope.wire.bounded_read import JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
 
 QUERY_TIMEOUT_S = 10.0

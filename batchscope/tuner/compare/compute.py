@@ -9,8 +9,19 @@ field). Intervals: tuner.bootstrap; verdicts: tuner.verdicts; explanations: tune
 from __future__ import annotations
 
 from batchscope.inputs.secrets import mask_argv
-from batchscope.tuner.bootstrap import MIN_REPEATS, NO_ESTIMATE, RESAMPLES, SEED, Bootstrap, Estimate, estimate, holm
-from batchscope.tuner.comparison import (
+from batchscope.tuner.compare.bootstrap import (
+    MIN_REPEATS,
+    NO_ESTIMATE,
+    RESAMPLES,
+    SEED,
+    Bootstrap,
+    Estimate,
+    estimate,
+    holm,
+)
+from batchscope.tuner.compare.explain import explain
+from batchscope.tuner.compare.metrics import METRICS, Measured, MetricDef, mean_present, measured
+from batchscope.tuner.compare.model import (
     Comparison,
     FailedRun,
     MetricDelta,
@@ -18,12 +29,10 @@ from batchscope.tuner.comparison import (
     SettingSummary,
     VariationComparison,
 )
-from batchscope.tuner.explain import explain
-from batchscope.tuner.metric_defs import METRICS, Measured, MetricDef, mean_present, measured
-from batchscope.tuner.nested import flatten
+from batchscope.tuner.compare.nested import flatten
+from batchscope.tuner.compare.verdicts import meets_slos, verdicts
 from batchscope.tuner.plan import BASELINE, TUNABLE, Objective, ServingParams, Slos
 from batchscope.tuner.results import RunResult
-from batchscope.tuner.verdicts import meets_slos, verdicts
 
 # Fields of the workload that do not change what is measured (a credential), so runs may differ in them.
 UNLOCKED_CONDITIONS = frozenset({"api_key"})
