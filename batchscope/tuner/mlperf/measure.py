@@ -42,6 +42,7 @@ from batchscope.tuner.run import (
     run_one,
     what_if_run,
 )
+from batchscope.vllm.catalogue import NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING
 from batchscope.workload import poisson
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 SCENARIOS = ("server", "offline")
 ScenarioResult = ServerSearch | OfflineResult
-WAITING, RUNNING = "vllm:num_requests_waiting", "vllm:num_requests_running"
+WAITING, RUNNING = NUM_REQUESTS_WAITING.name, NUM_REQUESTS_RUNNING.name
 
 
 def run_scenario(plan: Plan, plan_dir: Path, scenario: str, *, what_if: bool, live_file: Path | None,

@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 import batchscope
 from batchscope.loadgen import Distribution, WorkloadSpec
 from batchscope.tuner.plan import ServingParams, run_name
+from batchscope.vllm.catalogue import CACHE_CONFIG_INFO
 
 # 2: a knob in params may be None (not passed, vLLM's default applied) and `reported` holds what the server chose;
 # a failed start records its command line. Version 1 files (every knob passed) load as they are.
@@ -88,10 +89,10 @@ class ServerReport(BaseModel):
     included (None: the server did not tell)."""
 
     vllm_version: str | None = Field(None, description="GET /version's version, e.g. '0.32.0'.")
-    block_size: int | None = Field(None, description="vllm:cache_config_info's block_size: tokens per KV block.")
-    num_gpu_blocks: int | None = Field(None, description="vllm:cache_config_info's num_gpu_blocks: KV blocks "
+    block_size: int | None = Field(None, description=f"{CACHE_CONFIG_INFO.name}'s block_size: tokens per KV block.")
+    num_gpu_blocks: int | None = Field(None, description=f"{CACHE_CONFIG_INFO.name}'s num_gpu_blocks: KV blocks "
                                        "(on the device the cache is on, CPU included).")
-    gpu_memory_utilization: float | None = Field(None, description="vllm:cache_config_info's "
+    gpu_memory_utilization: float | None = Field(None, description=f"{CACHE_CONFIG_INFO.name}'s "
                                                  "gpu_memory_utilization.")
     max_model_len: int | None = Field(None, description="GET /v1/models' max_model_len (None when it asks for "
                                       "a key).")

@@ -11,20 +11,18 @@ What a server chose at its start (`server_report`) comes from the same /metrics 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, Field
 
 from batchscope.loadgen import MeasurementWindow, RequestRecord, Summary, counted
 from batchscope.tuner.plan import Slos
 from batchscope.tuner.results.record import ClientFigures, RequestSamples, ServerReport, ServerSignals, hit_rate
-from batchscope.vllm.catalogue import current_sample_name
+from batchscope.vllm import catalogue as vllm_metrics
+from batchscope.vllm import scrape
+from batchscope.vllm.catalogue import CACHE_CONFIG_INFO, VllmMetric, current_sample_name
 from batchscope.vllm.log import parse_capacity
-
-CACHE_INFO = "vllm:cache_config_info"
 
 
 class MetricsPoint(BaseModel):
@@ -37,11 +35,7 @@ class MetricsPoint(BaseModel):
 def parse_metrics(text: str, t: float) -> MetricsPoint:
     """A text exposition as one point: samples summed over their labels, so several engines add up, under
     today's names (an older vLLM's renamed families mapped; when a server exposes both, the new name wins)."""
-    raw: dict[str, float] = defaultdict(float)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.name.endswith(("_bucket", "_created")):
-                raw[sample.name] += sample.value
+    raw = scrape.sample_sums(text, skip_suffixes=("_bucket", "_created"))
     values = {}
     for name, value in raw.items():
         current = current_sample_name(name)
@@ -51,16 +45,9 @@ def parse_metrics(text: str, t: float) -> MetricsPoint:
 
 
 def cache_config(text: str) -> dict[str, str]:
-    """vllm:cache_config_info's labels in a /metrics text (the first engine's), {} when it is not there or the
-    text is not an exposition."""
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == CACHE_INFO:
-                    return dict(sample.labels)
-    except ValueError:  # the parser's error for a malformed text
-        pass
-    return {}
+    """cache_config_info's labels in a /metrics text (the first engine's), {} when it is not there or the text is
+    not an exposition."""
+    return scrape.info_labels(text, CACHE_CONFIG_INFO.name) or {}
 
 
 def server_report(metrics_text: str, version: dict | None, models: dict | None, log_text: str) -> ServerReport:
@@ -101,33 +88,36 @@ def server_signals(points: list[MetricsPoint], window_start: float, window_end: 
     last = next((p for p in points if p.t >= window_end), points[-1])
     inside = [p for p in points if window_start <= p.t <= window_end] or [last]
 
-    def delta(name: str) -> float:
-        return max(last.values.get(name, 0.0) - first.values.get(name, 0.0), 0.0)
+    def change(sample: str) -> float:
+        return max(last.values.get(sample, 0.0) - first.values.get(sample, 0.0), 0.0)
 
-    def counted(name: str) -> float | None:
+    def delta(counter: VllmMetric) -> float:
+        return change(counter.exposed_name)
+
+    def counted(counter: VllmMetric) -> float | None:
         """The delta of a counter the server may not expose (older vLLM): None rather than a made-up 0."""
-        return delta(name) if name in last.values else None
+        return delta(counter) if counter.exposed_name in last.values else None
 
-    def mean(histogram: str) -> float | None:
-        count = delta(f"{histogram}_count")
-        return delta(f"{histogram}_sum") / count if count else None
+    def mean(histogram: VllmMetric) -> float | None:
+        count = change(histogram.sample("_count"))
+        return change(histogram.sample("_sum")) / count if count else None
 
-    def gauge(name: str) -> list[float]:
-        return [p.values.get(name, 0.0) for p in inside]
+    def gauge(metric: VllmMetric) -> list[float]:
+        return [p.values.get(metric.name, 0.0) for p in inside]
 
-    kv = gauge("vllm:kv_cache_usage_perc")
-    queries, hits = counted("vllm:prefix_cache_queries_total"), counted("vllm:prefix_cache_hits_total")
+    kv = gauge(vllm_metrics.KV_CACHE_USAGE)
+    queries, hits = counted(vllm_metrics.PREFIX_CACHE_QUERIES), counted(vllm_metrics.PREFIX_CACHE_HITS)
     return ServerSignals(
-        preemptions=delta("vllm:num_preemptions_total"),
-        prompt_tokens=delta("vllm:prompt_tokens_total"),
-        generation_tokens=delta("vllm:generation_tokens_total"),
-        requests_finished=delta("vllm:request_success_total"),
-        queue_time_mean_s=mean("vllm:request_queue_time_seconds"),
-        prefill_time_mean_s=mean("vllm:request_prefill_time_seconds"),
-        decode_time_mean_s=mean("vllm:request_decode_time_seconds"),
-        tokens_per_step_mean=mean("vllm:iteration_tokens_total"),
-        max_waiting=max(gauge("vllm:num_requests_waiting")),
-        max_running=max(gauge("vllm:num_requests_running")),
+        preemptions=delta(vllm_metrics.NUM_PREEMPTIONS),
+        prompt_tokens=delta(vllm_metrics.PROMPT_TOKENS),
+        generation_tokens=delta(vllm_metrics.GENERATION_TOKENS),
+        requests_finished=delta(vllm_metrics.REQUEST_SUCCESS),
+        queue_time_mean_s=mean(vllm_metrics.REQUEST_QUEUE_TIME),
+        prefill_time_mean_s=mean(vllm_metrics.REQUEST_PREFILL_TIME),
+        decode_time_mean_s=mean(vllm_metrics.REQUEST_DECODE_TIME),
+        tokens_per_step_mean=mean(vllm_metrics.ITERATION_TOKENS),
+        max_waiting=max(gauge(vllm_metrics.NUM_REQUESTS_WAITING)),
+        max_running=max(gauge(vllm_metrics.NUM_REQUESTS_RUNNING)),
         kv_usage_peak=max(kv),
         kv_usage_mean=sum(kv) / len(kv),
         kv_capacity_tokens=kv_capacity_tokens,

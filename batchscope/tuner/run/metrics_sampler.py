@@ -14,7 +14,7 @@ from pathlib import Path
 import requests
 
 from batchscope.tuner.results import MetricsPoint, parse_metrics
-from batchscope.wire.bounded_read import METRICS_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch
+from batchscope.vllm import scrape
 
 SAMPLE_INTERVAL_S = 1.0
 MAX_SAMPLES = 24 * 3600  # a day of one-second samples: bounded memory whatever the window
@@ -26,14 +26,15 @@ def fetch_metrics(url: str, path: Path | None = None, timeout_s: float = FETCH_T
     """One read of /metrics within ``timeout_s`` and METRICS_MAX_BYTES (saved raw when a path is given); None when
     the server does not answer so."""
     try:
-        body = fetch(_SESSION, url + "/metrics", deadline=time.monotonic() + timeout_s,
-                     max_bytes=METRICS_MAX_BYTES)
-    except (requests.RequestException, FetchTimeout, BodyTooLarge):
+        text = scrape.read_text(_SESSION, url + "/metrics", timeout_s)
+    except scrape.Unreadable:
         return None
-    text = body.text()
     if path is not None:
         path.write_text(text)
-    return parse_metrics(text, time.time())
+    try:
+        return parse_metrics(text, time.time())
+    except ValueError:
+        return None  # not an exposition: a missing point as well
 
 
 class MetricsSampler:

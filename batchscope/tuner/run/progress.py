@@ -16,8 +16,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from batchscope.wire.bounded_read import BodyTooLarge, FetchTimeout, fetch
+
 TTFT = "batchscope_client_time_to_first_token_seconds"
 REQUESTS = "batchscope_client_requests_total"
+CLIENT_READ_S = 1.0
+# the client /metrics holds a few counters and histograms (some KB): a cap far above, far below vLLM's /metrics'
+CLIENT_METRICS_MAX_BYTES = 1 << 20
+_SESSION = requests.Session()  # one connection kept to the load generator across the reads
 NOT_ERRORS = ("ok", "aborted")
 
 
@@ -64,11 +70,15 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
     return lower
 
 
-def read_client(port: int) -> ClientLive | None:
+def read_client(port: int, timeout_s: float = CLIENT_READ_S) -> ClientLive | None:
+    """The load generator's live figures from its client /metrics, read within ``timeout_s`` and
+    CLIENT_METRICS_MAX_BYTES; None when it does not answer so (not up yet, already gone, or misbehaving)."""
     try:
-        return client_live(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text)
-    except (requests.RequestException, ValueError):
-        return None  # the load generator is not up yet, or already gone
+        body = fetch(_SESSION, f"http://127.0.0.1:{port}/metrics", deadline=time.monotonic() + timeout_s,
+                     max_bytes=CLIENT_METRICS_MAX_BYTES)
+        return client_live(body.text())
+    except (requests.RequestException, FetchTimeout, BodyTooLarge, ValueError):
+        return None
 
 
 @dataclass

@@ -11,6 +11,7 @@ the knobs a setting sets are passed (batchscope.vllm.knobs): vLLM picks the othe
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shlex
 import signal
@@ -28,7 +29,9 @@ from batchscope.inputs.secrets import mask_argv
 from batchscope.tuner.plan import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
 from batchscope.tuner.results import ServerReport, server_report
 from batchscope.vllm import knobs as vllm_knobs
+from batchscope.vllm import scrape
 from batchscope.vllm.log import failure_cause
+from batchscope.wire.bounded_read import JSON_MAX_BYTES, BodyTooLarge, FetchTimeout, fetch, request
 from batchscope.wire.listen import free_port
 
 if TYPE_CHECKING:  # the SDK is imported when a docker backend starts, not by every tuner command
@@ -37,6 +40,9 @@ if TYPE_CHECKING:  # the SDK is imported when a docker backend starts, not by ev
 SIMULATOR_STARTUP_S = 60.0
 STOP_GRACE_S = 15.0
 TAIL_LINES = 20
+HEALTH_READ_S = 2.0
+REPORT_READ_S = 5.0  # each of /metrics, /version, /v1/models
+_SESSION = requests.Session()
 CAUSE_LINES = 400  # a failed start's cause is looked for this far back: a traceback, then the shutdown's noise
 PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal a child gets when its parent dies
 
@@ -127,9 +133,11 @@ def tail(text: str, lines: int = TAIL_LINES) -> list[str]:
 
 def healthy(url: str) -> bool:
     try:
-        return requests.get(url + "/health", timeout=2).status_code == 200
-    except requests.RequestException:
+        answer = request(_SESSION, "GET", url + "/health", deadline=time.monotonic() + HEALTH_READ_S,
+                         max_bytes=JSON_MAX_BYTES)
+    except (requests.RequestException, FetchTimeout, BodyTooLarge):
         return False
+    return answer.reply.status_code == 200
 
 
 def wait_healthy(url: str, deadline_s: float, still_starting: Callable[[], str | None],
@@ -151,24 +159,19 @@ def wait_healthy(url: str, deadline_s: float, still_starting: Callable[[], str |
 def read_report(url: str, log_text: str) -> ServerReport:
     """What the server chose, asked once it answers /health: /metrics (cache_config_info), /version, /v1/models
     (unauthenticated: None when it asks for a key) and the start-up log's KV capacity line."""
-    def get(path: str) -> requests.Response | None:
-        try:
-            reply = requests.get(url + path, timeout=5)
-            return reply if reply.status_code == 200 else None
-        except requests.RequestException:
-            return None
-
     def answer(path: str) -> dict | None:
-        reply = get(path)
         try:
-            data = reply.json() if reply is not None else None
-        except ValueError:
+            body = fetch(_SESSION, url + path, deadline=time.monotonic() + REPORT_READ_S, max_bytes=JSON_MAX_BYTES)
+            data = json.loads(body.text())
+        except (requests.RequestException, FetchTimeout, BodyTooLarge, ValueError):
             return None
         return data if isinstance(data, dict) else None
 
-    metrics = get("/metrics")
-    return server_report(metrics.text if metrics is not None else "", answer("/version"), answer("/v1/models"),
-                         log_text)
+    try:
+        metrics = scrape.read_text(_SESSION, url + "/metrics", REPORT_READ_S)
+    except scrape.Unreadable:
+        metrics = ""
+    return server_report(metrics, answer("/version"), answer("/v1/models"), log_text)
 
 
 def die_with_parent() -> None:
