@@ -1,4 +1,4 @@
-"""tuner.compare and tuner.explain on synthetic runs: known per-request samples, known server signals."""
+"""tuner.compare (compute.py, explain.py) on synthetic runs: known per-request samples, known server signals."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The report's one recommendation (tuner.verdicts.recommend, tuner.report_recommendation) and explanations that
-lead with the largest effect (tuner.explain), on synthetic runs built as tests/tuner/test_compare.py builds them."""
+"""The report's one recommendation (tuner.compare.verdicts.recommend, tuner.report.recommendation) and
+explanations that lead with the largest effect (tuner.compare.explain), on synthetic runs built as
+tests/tuner/test_compare.py builds them."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""The evidence behind a comparison's deltas: run-level intervals when there are enough repeats, else indicative
-within-run ones. Seeded and pure.
-
-Runs are the independent unit: requests within a run share its queue, its batches and its machine state, so
-resampling them ignores run-to-run variance (an A/A plan of one repeat per setting read TTFT, TPOT and E2E
-p50 -11% "significant" against a real vLLM). So:
-- both sides have >= MIN_REPEATS ok runs with a value: a 95% Welch t interval of the difference of the runs'
-  mean values (tuner.welch; method "runs"). Significant when the Holm-adjusted p-value, over the metrics of
-  one variation, is below 1 - CONFIDENCE: an A/A plan (no-op variations) then reads "not significant" for a
-  whole variation 95% of the time, not for each metric only. No spread (every run of both sides gave the same
-  value) gives no interval and is never significant ("no spread"): zero variance is no estimate of the noise;
-- fewer runs: the within-run interval, "indicative" when it excludes 0 (never significant), "not significant"
-  when even it includes 0. Latencies: the pooled completed requests resampled and the percentile recomputed
-  (method "requests"; centred on the reported delta, since ITL's figure pools every gap while the samples hold
-  each request's mean ITL); completion throughput, output tokens/s, goodput, preemptions and errors: their
-  counts drawn as Poisson around the observed ones (method "poisson"); max waiting, KV peak and means: none
-  ("n/a"). A zero-width interval is "no spread" here too.
+"""The evidence behind a comparison's deltas, seeded and pure: run-level intervals (Welch's t over the runs, Holm's
+correction over a variation's metrics) with MIN_REPEATS or more ok runs a side, else indicative within-run ones
+(requests resampled for latency percentiles, counts drawn as Poisson for rates). Runs are the independent unit;
+what each evidence means: docs/tuner.md (Statistics).
 """
 
 from __future__ import annotations
@@ -45,7 +32,7 @@ Interval = tuple[float, float]
 
 @dataclass(frozen=True)
 class Estimate:
-    """A delta's interval, what drew it, and what it shows (see the module docstring)."""
+    """A delta's interval, what drew it, and what it shows (docs/tuner.md, Statistics)."""
 
     bounds: Interval | None
     method: Method

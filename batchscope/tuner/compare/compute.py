@@ -3,7 +3,7 @@
 Pure: RunResults and the SLOs in, a Comparison out (no I/O, no clock), so the report, the CLI and the tests
 share one set of numbers. The seed's rule is enforced here: runs whose locked conditions differ, or that were
 measured in different modes (real time, what-if), are not compared (ConditionsDiffer, one line naming the
-field). Intervals: tuner.bootstrap; verdicts: tuner.verdicts; explanations: tuner.explain.
+field). Intervals: tuner.compare.bootstrap; verdicts: tuner.compare.verdicts; explanations: tuner.compare.explain.
 """
 
 from __future__ import annotations

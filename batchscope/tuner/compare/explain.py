@@ -1,20 +1,8 @@
 """One or two sentences per variation saying what changed and why, from vLLM's own signals.
 
-Pure rules over the comparison's numbers. The effects named are only those whose interval excludes 0
-(tuner.verdicts.evidence: significant, or indicative with one repeat), grouped as TTFT (mean, p50, p99), time per
-token (TPOT and ITL, the tail ITL p99 included) and throughput, one clause per group and direction (ITL p50 down
-and ITL p99 up are two effects), the largest relative change first; a group's other metrics that moved the same
-way by >= 5% follow the lead in brackets. The causes cited are server signals that moved past a threshold, always
-with their before -> after values, and the parameter that changed says which cause is attributed to the knob.
-What the numbers do not show is not claimed: without an effect the sentence says "no significant change".
-
-Thresholds (server signals have no CI with one repeat, so a change must be large to be cited):
-- tokens per step or mean prefill time moved by >= 20% (ratio outside [1/1.2, 1.2]);
-- queueing: mean queue time rose >= 2x and by >= 50 ms, or max waiting rose by >= max(4, its baseline);
-- preemptions appeared (0 -> > 0), rose >= 2x and by >= 10, or disappeared (> 0 -> 0);
-- KV full: peak usage >= 0.99;
-- the running batch is capped when max running >= 90% of max_num_seqs;
-- tail ITL up is decodes sharing steps with long prefills when the token budget was raised or steps got longer.
+Pure rules over the comparison's numbers: the effects whose interval excludes 0, grouped (TTFT, time per token,
+throughput), the largest first; the causes are server signals that moved past the thresholds below, with their
+before -> after values. The rules in full: docs/tuner.md (Explanations).
 """
 
 from __future__ import annotations
@@ -38,7 +26,7 @@ THROUGHPUT = ("completion_throughput_rps", "output_tokens_per_s")
 
 
 def explain(variation: VariationComparison, baseline: SettingSummary | None, setting: SettingSummary) -> str:
-    """The explanation of one variation (see the module docstring for the rules)."""
+    """The explanation of one variation (the rules: docs/tuner.md, Explanations)."""
     if baseline is None or not baseline.runs_ok:
         return "no baseline run finished, so nothing to compare with"
     if not setting.runs_ok:

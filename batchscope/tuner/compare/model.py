@@ -1,6 +1,6 @@
 """A comparison of a plan's settings, as saved in comparison.json: per-metric deltas, settings, verdicts.
 
-The models only; tuner.compare fills them, tuner.verdicts and tuner.explain read them, tuner.report shows them.
+The models only; compute.py fills them, verdicts.py and explain.py read them, tuner.report shows them.
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ class Verdict(BaseModel):
     value: float | None = Field(description="Its value, in the metric's unit.")
     significant_vs_baseline: bool | None = Field(description="Its delta to the baseline is significant (None for "
                                                  "the baseline itself or without a CI).")
-    evidence: str | None = Field(None, description="What its delta to the baseline shows (tuner.verdicts.evidence: "
-                                 "significant, indicative, not significant, no spread, n/a); None for the "
-                                 "baseline itself.")
+    evidence: str | None = Field(None, description="What its delta to the baseline shows "
+                                 "(tuner.compare.verdicts.evidence: significant, indicative, not significant, "
+                                 "no spread, n/a); None for the baseline itself.")
     caveat: str | None = Field(None, description="For a latency objective: what the setting costs that its latency "
                                "hides (it preempts, it loses throughput), so it is never picked silently.")
 

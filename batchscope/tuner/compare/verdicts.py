@@ -42,7 +42,7 @@ OBJECTIVES: dict[str, tuple[str, str]] = {
 def evidence(m: MetricDelta | None) -> Evidence:
     """What a delta's interval says: significant (across repeats), indicative (it excludes 0, but from too few
     runs: across requests or Poisson counts), not significant, no spread (a zero-width interval), or n/a (no
-    interval). A MetricDelta that carries its own `evidence` (tuner.bootstrap's) is taken at its word."""
+    interval). A MetricDelta that carries its own `evidence` (tuner.compare.bootstrap's) is taken at its word."""
     if m is None:
         return "n/a"
     own = getattr(m, "evidence", None)

@@ -1,8 +1,8 @@
 """MLPerf's scenarios for each setting of a plan: `server` (the highest Poisson rate sustained within the p99
-bounds) and `offline` (all requests at once, throughput). The search and its checks are batchscope/tuner/mlperf/rules.py's;
-this drives them with real-time runs (the plan's backend, restarted per point) or what-if runs, and gives each point
-its flow: the arrivals offered in the window and vLLM's waiting queue through it (on the virtual clock the
-engine's num_waiting at every step; in real time the load generator's summary and the /metrics samples).
+bounds) and `offline` (all requests at once, throughput). The search and its checks are rules.py's; this drives
+them with real-time runs (the plan's backend, restarted per point) or what-if runs, and gives each point its
+flow: the arrivals offered in the window and vLLM's waiting queue through it (on the virtual clock the engine's
+num_waiting at every step; in real time the load generator's summary and the /metrics samples).
 
 Layout: results/<plan>[.what-if]/mlperf-<scenario>/<setting>.json (the search or the offline result) and one
 folder per point, <setting>/rate-<rps>/ or <setting>/offline/, holding that run's data and run.json.
@@ -193,7 +193,7 @@ def failure_of(result: ScenarioResult) -> str | None:
 
 
 def nothing_measured(results: list[ScenarioResult]) -> str | None:
-    """Why a scenario's results compare nothing, in one line (the plan's rule: tuner.runner.nothing_compared)."""
+    """Why a scenario's results compare nothing, in one line (the plan's rule: tuner.run.runner.nothing_compared)."""
     failures = {result.setting: failure_of(result) for result in results}
     if failures.get(BASELINE) is not None:
         return f"the baseline's runs all failed ({failures[BASELINE]}): nothing to compare with"

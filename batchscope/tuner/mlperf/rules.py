@@ -1,33 +1,9 @@
-"""MLPerf Inference's two LLM scenarios for one configuration: Server (rate search) and Offline (throughput).
+"""MLPerf Inference's Server and Offline scenarios for one configuration, as pure rules.
 
-Server: the highest Poisson arrival rate the configuration *sustains* within the p99 TTFT and p99 TPOT bounds.
-The search is a pure state machine, ``next_rate(state, last_point)``: bracket first (double the rate from the
-start until a point fails; halve it while the start already fails), then bisect until the bracket is within a
-relative tolerance or the point budget is spent. Each point is one Poisson run through ``measure(rate)`` (the
-what-if runner on the virtual clock, or the real-time runner), which returns the run and its flow (what arrived,
-the waiting queue through the window).
-
-A point passes only when every check does (``judge``; each check is recorded with its numbers):
-- latency: the p99 TTFT and p99 TPOT of the requests completed in the window are within the bounds;
-- kept up: completed / offered >= ``ServerRules.kept_up_ratio`` (offered: the arrivals scheduled in the window,
-  sent or refused). A server that keeps up completes, over a window, what arrived in it, give or take the change
-  of its in-flight count; one that falls behind by x% completes (100 - x)% of it;
-- queue growth: vLLM's num_requests_waiting, time-averaged over the window's second half, exceeds its first
-  half's by at most ``queue_growth_ratio`` x offered (a rate x% above what the server completes grows it by
-  about x/2 % of the offered queries between the halves);
-- backlog: the requests waiting at the window's end could all start within the TTFT bound at the rate the
-  server completed requests (waiting_end <= completion rate x TTFT bound);
-- query count: at least ``min_queries`` arrived in the window.
-This is LoadGen's rule turned into checks that need no drain: LoadGen runs at least min_duration (600 s) and
-min_query_count queries and counts every query's latency, so a queue that grows shows in the late queries'
-TTFT; the load generator here cuts the requests in flight at the window's end, so a window that only counted
-the completed requests' latency hid a growing queue (a short window passed rates above the offline throughput).
-The enforced floor (``point_timing``): the warm-up at least the longest E2E the bounds allow (TTFT bound + TPOT
-bound x (output tokens - 1): the server's in-flight count is at its steady level when the window opens), the
-window at least ``min_duration_s`` and long enough that ``min_queries`` arrive at the probed rate with a
-probability of about 99.9% ((N + 3 sqrt(N)) / rate). Like MLPerf, Server and Offline are separate figures.
-
-Offline: every request released at t=0, no latency bound; throughput = completed / (last end - window start).
+Server's rate search is a state machine (``next_rate``); a point passes when every check of ``judge`` does
+(latency, kept up, queue growth, backlog, query count), and ``point_timing`` enforces its warm-up and window.
+Offline is every request at t=0 and its throughput. The rules and why they need no drain: docs/tuner.md
+(MLPerf scenarios).
 """
 
 from __future__ import annotations

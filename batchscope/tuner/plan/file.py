@@ -36,7 +36,7 @@ BASELINE = "baseline"  # the reference setting's name; a variation may not take 
 LOAD_MODES = ("concurrency", "poisson", "offline")
 # The serving parameters a variation may change: the seed's three knobs and the two lengths they depend on.
 TUNABLE = vllm_knobs.KNOB_NAMES
-# What the report's one recommendation optimises, among the settings that met the SLOs (tuner.verdicts.OBJECTIVES)
+# What the report's one recommendation optimises, among the settings that met the SLOs (compare.verdicts.OBJECTIVES)
 Objective = Literal["goodput", "throughput", "ttft_p99", "ttft_mean", "tpot_p99", "tpot_mean"]
 
 
@@ -124,7 +124,7 @@ class CommandBackend(BaseModel):
     @field_serializer("command")
     def _mask_secrets(self, command: str) -> str:
         # plan.json and every other dump: `--api-key K` in the template shows as `--api-key ***`; the process
-        # started (tuner.backends.command_argv) gets the field itself
+        # started (tuner.run.servers.command_argv) gets the field itself
         return mask_command(command)
 
 

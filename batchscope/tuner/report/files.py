@@ -1,14 +1,8 @@
-"""The comparison report of a plan: report.md, report.html (self-contained, plots inline), report.csv.
+"""The comparison report of a plan's folder: report.md, report.html (plots inline), report.csv, comparison.json.
 
-`write_report(plan_dir)` reads plan.json (the Plan; without it the runs' own conditions and the default SLOs)
-and every finished run, compares them (tuner.compare) and writes the three files plus comparison.json (the
-Comparison model, for machines). Human tables show latencies in ms and KV usage in %; the CSV and the JSON keep
-base units (s, ratio). Plots (tuner.report_plots) are embedded as base64 PNG, so the HTML page opens anywhere,
-offline. The tables' words and numbers: tuner.report_text.
-
-MLPerf's scenarios (tuner.report_scenarios): a plan folder's mlperf-*/ results are sections after the comparison;
-a folder holding only scenario results (a scenario-only plan folder, or mlperf-<scenario>/ itself) gets report.md
-and report.html of those sections alone.
+`write_report(plan_dir)` reads plan.json and every finished run, compares them (tuner.compare) and writes the
+files; the MLPerf results found beside them (report/mlperf.py) are sections after the comparison, or the whole
+report of a folder holding only those. Words and numbers: report/text.py; plots: report/plots.py.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The MLPerf scenarios' sections of a report: Server (the sustained-rate bracket per setting, every point with
 its checks and the enforced timing) and Offline (throughput per setting).
 
-They come from results/<plan>[.what-if]/mlperf-<scenario>/<setting>.json (batchscope/tuner/mlperf/measure.py). A plan
-folder's report adds them after the one-knob comparison; a folder holding only scenario results (the plan folder of a
-scenario-only plan, or an mlperf-<scenario> folder itself) gets a report of them alone. The sections are blocks
-(headings, paragraphs, tables) that batchscope/tuner/report/files.py renders as Markdown and as HTML.
+They come from results/<plan>[.what-if]/mlperf-<scenario>/<setting>.json (tuner/mlperf/measure.py). A plan
+folder's report adds them after the one-knob comparison; a folder holding only scenario results (the plan folder
+of a scenario-only plan, or an mlperf-<scenario> folder itself) gets a report of them alone. The sections are
+blocks (headings, paragraphs, tables) that files.py renders as Markdown and as HTML.
 """
 
 from __future__ import annotations

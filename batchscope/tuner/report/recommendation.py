@@ -1,4 +1,4 @@
-"""The report's opening block: the one recommendation (tuner.verdicts.recommend) in words and figures.
+"""The report's opening block: the one recommendation (tuner.compare.verdicts.recommend) in words and figures.
 
 One headline naming the pick, the objective and how strong the evidence is, then why (its figures against the
 SLOs, its delta to the baseline with the interval), the runner-up, what the pick trades against it, and its

@@ -1,10 +1,10 @@
 """Running a plan: each setting × repeat restarted, loaded, measured and saved, with --resume and clean stops.
 
-The plan's order is tuner.planned's; each run is tuner.one_run's (real time) or tuner.whatif's (the virtual clock);
+The plan's order is plan/order.py's; each run is one_run.py's (real time) or whatif.py's (the virtual clock);
 run.json is written last and atomically, so a run folder without it is unfinished and is redone by --resume. A
-signal stops the plan between or inside runs cleanly (tuner.stopping). The other jobs have modules of their own:
-the load process (tuner.load_process), /metrics sampling (tuner.metrics_sampler), Prometheus and Grafana
-(tuner.observers).
+signal stops the plan between or inside runs cleanly (stopping.py). The other jobs have modules of their own:
+the load process (load_process.py), /metrics sampling (metrics_sampler.py), Prometheus and Grafana
+(observers.py).
 """
 
 from __future__ import annotations
