@@ -14,8 +14,9 @@ from pathlib import Path
 
 from batchscope.tuner.compare import METRICS, Comparison, compare
 from batchscope.tuner.plan import BASELINE, TUNABLE, Plan, Slos
+from batchscope.tuner.report.blocks import Block, Heading, Paragraph
 from batchscope.tuner.report.html import html_blocks, html_figure, html_page, html_table, markdown_bold
-from batchscope.tuner.report.mlperf import Block, Heading, Paragraph, is_scenario_dir, scenario_blocks, scenario_dirs
+from batchscope.tuner.report.mlperf import is_scenario_dir, scenario_blocks, scenario_dirs
 from batchscope.tuner.report.plots import PLOTS, png
 from batchscope.tuner.report.prediction import prediction_blocks
 from batchscope.tuner.report.recommendation import recommendation_lines

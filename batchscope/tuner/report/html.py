@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 
-from batchscope.tuner.report.mlperf import Block, Heading, Paragraph
+from batchscope.tuner.report.blocks import Block, Heading, Paragraph
 
 CSS = """
 *, *::before, *::after { box-sizing: border-box; }

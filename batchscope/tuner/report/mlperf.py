@@ -9,11 +9,11 @@ blocks (headings, paragraphs, tables) that files.py renders as Markdown and as H
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from batchscope.tuner.mlperf import FOLDER_PREFIX, OfflineResult, ServerPoint, ServerSearch
+from batchscope.tuner.report.blocks import Block, Heading, Paragraph, Table
 from batchscope.tuner.report.text import slo_text
 
 SERVER_DIR, OFFLINE_DIR = f"{FOLDER_PREFIX}server", f"{FOLDER_PREFIX}offline"
@@ -23,26 +23,6 @@ SERVER_HEAD = ["setting", "sustained (highest passing), req/s", "lowest failing,
 POINT_HEAD = ["rate, req/s", "warm-up, s", "window, s", "offered", "completed", "completed / offered",
               "waiting, 1st → 2nd half", "waiting at end", "p99 TTFT, ms", "p99 TPOT, ms", "result", "why"]
 OFFLINE_HEAD = ["setting", "status", "requests", "duration, s", "req/s", "output tokens/s"]
-
-
-@dataclass(frozen=True)
-class Heading:
-    level: int
-    text: str
-
-
-@dataclass(frozen=True)
-class Paragraph:
-    text: str
-
-
-@dataclass(frozen=True)
-class Table:
-    head: list[str]
-    rows: list[list[str]]
-
-
-Block = Heading | Paragraph | Table
 
 
 def is_scenario_dir(folder: Path) -> bool:

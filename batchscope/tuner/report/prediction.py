@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchscope.tuner.plan import BASELINE
-from batchscope.tuner.report.mlperf import Block, Heading, Paragraph, Table
+from batchscope.tuner.report.blocks import Block, Heading, Paragraph, Table
 from batchscope.tuner.results import RunResult, load_results
 
 WHAT_IF_SUFFIX = ".what-if"  # what-if results sit beside the real-time ones, never mixed with them
