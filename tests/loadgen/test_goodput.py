@@ -14,7 +14,7 @@ from batchscope.loadgen.control import RunControl
 from batchscope.loadgen.metrics import ClientMetricsCollector
 from batchscope.loadgen.request import RequestRecord
 from batchscope.loadgen.spec import DEFAULT_SLO_TPOT_S, DEFAULT_SLO_TTFT_S, SpecError, load_spec
-from batchscope.tuner.plan.file import Slos
+from batchscope.tuner.plan import Slos
 
 SPEC = ["input_tokens=8", "output_tokens=4", "load.mode=concurrency", "load.concurrency=2", "warmup_s=10",
         "duration_s=100"]

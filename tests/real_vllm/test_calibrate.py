@@ -50,7 +50,7 @@ from batchscope.simulator.calibrate import wait_idle
 from batchscope.simulator.frontend import FrontEnd
 from batchscope.simulator.histogram_deltas import histogram_means, sample_delta
 from batchscope.simulator.profile import load_profile
-from batchscope.tuner.plan.file import Plan
+from batchscope.tuner.plan import Plan
 from batchscope.tuner.whatif import run_what_if
 from batchscope.vllm.scrape import sample_sums
 from tests.real_vllm.support import SHARED_FLAGS, VllmServer, tier

@@ -12,7 +12,7 @@ import docker
 import pytest
 import requests
 
-from batchscope.tuner.plan.file import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
+from batchscope.tuner.plan import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
 from batchscope.tuner.run.servers import (
     CommandServer,
     DockerServer,

@@ -12,7 +12,7 @@ from batchscope.loadgen.summary import Distribution
 from batchscope.tuner.compare.compute import ConditionsDiffer, compare
 from batchscope.tuner.compare.model import Comparison
 from batchscope.tuner.compare.verdicts import pareto_front
-from batchscope.tuner.plan.file import ServingParams, Slos
+from batchscope.tuner.plan import ServingParams, Slos
 from batchscope.tuner.results.record import ClientFigures, RequestSamples, RunResult, ServerSignals
 
 WORKLOAD = {"model": "auto", "input_tokens": 512, "output_tokens": 128, "seed": 1, "warmup_s": 10,

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from batchscope.simulator.responses import VLLM_VERSION
-from batchscope.tuner.plan.file import CommandBackend, Plan, ServingParams, SimulatorBackend
+from batchscope.tuner.plan import CommandBackend, Plan, ServingParams, SimulatorBackend
 from batchscope.tuner.run.observers import diff
 from batchscope.tuner.run.servers import SimulatorServer, command_argv, replace_knobs, simulator_argv
 from batchscope.vllm.knobs import KNOBS, without_knobs

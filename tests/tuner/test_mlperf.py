@@ -23,7 +23,7 @@ from batchscope.tuner.mlperf.rules import (
     poisson_plan,
     search_server,
 )
-from batchscope.tuner.plan.file import Slos
+from batchscope.tuner.plan import Slos
 from batchscope.tuner.results.record import ClientFigures, RunResult
 from batchscope.tuner.whatif import run_what_if
 

@@ -9,7 +9,7 @@ import numpy as np
 from batchscope.loadgen.summary import Distribution
 from batchscope.tuner.compare.compute import compare
 from batchscope.tuner.compare.model import Comparison
-from batchscope.tuner.plan.file import Objective, Slos
+from batchscope.tuner.plan import Objective, Slos
 from batchscope.tuner.report.recommendation import recommendation_lines
 from batchscope.tuner.results.record import RunResult
 from tests.tuner.test_compare import N, make_run

@@ -14,7 +14,7 @@ import matplotlib.image
 import pytest
 
 from batchscope.tuner.compare.metrics import METRICS
-from batchscope.tuner.plan.file import Plan
+from batchscope.tuner.plan import Plan
 from batchscope.tuner.report.files import CSV_COLUMNS, PLOTS, write_report
 from batchscope.tuner.results.record import ServerReport, load_results, save
 from tests.tuner.test_compare import BASE_PARAMS, WORKLOAD, make_run

@@ -28,7 +28,7 @@ from PIL import Image, ImageStat
 
 from batchscope.tuner.compare.compute import compare
 from batchscope.tuner.compare.model import Comparison
-from batchscope.tuner.plan.file import Slos
+from batchscope.tuner.plan import Slos
 from batchscope.tuner.report.plots import deltas_figure, pareto_figure, scheduler_figure, throughput_preemptions_figure
 from batchscope.tuner.report.text import percent
 from tests.tuner.test_compare import make_run

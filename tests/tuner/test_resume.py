@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from batchscope.cli import main
-from batchscope.tuner.plan.file import load_plan
+from batchscope.tuner.plan import load_plan
 from batchscope.tuner.run.runner import prepare_plan_dir
 from tests.conftest import wait_until
 from tests.tuner.support import kill_group, run_files, server_ports, start_tune, tiny_plan, tune, write_plan

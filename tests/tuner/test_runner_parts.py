@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-from batchscope.tuner.plan.file import Plan, Slos
+from batchscope.tuner.plan import Plan, Slos
 from batchscope.tuner.plan.order import plan_runs
 from batchscope.tuner.results.signals import (
     MetricsPoint,

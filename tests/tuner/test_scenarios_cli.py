@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from batchscope.cli import main
-from batchscope.tuner.plan.file import load_plan
+from batchscope.tuner.plan import load_plan
 from tests.tuner.support import tune, write_plan
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "one-knob.yaml"

@@ -15,7 +15,7 @@ from batchscope.tuner.compare.bootstrap import MIN_REPEATS, NO_ESTIMATE, Estimat
 from batchscope.tuner.compare.compute import compare
 from batchscope.tuner.compare.model import Comparison, MetricDelta
 from batchscope.tuner.compare.welch import t_quantile, welch
-from batchscope.tuner.plan.file import Plan
+from batchscope.tuner.plan import Plan
 from batchscope.tuner.report.text import ci_line, significance
 from batchscope.tuner.whatif import run_what_if
 from tests.tuner.support import tiny_plan, tune, write_plan

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from batchscope.tuner.plan.file import Plan
+from batchscope.tuner.plan import Plan
 from batchscope.tuner.plan.order import plan_runs
 from batchscope.tuner.run.one_run import run_one
 from batchscope.tuner.run.progress import Progress

@@ -49,7 +49,7 @@ def test_a_plan_that_is_not_yaml_names_the_line_and_column(tmp_path, capsys, tex
 
 
 def test_two_parameters_are_allowed_when_marked_as_a_combination(tmp_path):
-    from batchscope.tuner.plan.file import load_plan
+    from batchscope.tuner.plan import load_plan
 
     plan = tiny_plan(variations=[{"name": "both", "combination": True,
                                   "set": {"max_num_seqs": 64, "max_num_batched_tokens": 4096}}])

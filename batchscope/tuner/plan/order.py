@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchscope.tuner.plan.file import Plan, ServingParams, run_name
+from batchscope.tuner.plan.file import Plan, run_name
+from batchscope.tuner.plan.settings import ServingParams
 
 
 @dataclass(frozen=True)
