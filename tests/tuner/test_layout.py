@@ -1,6 +1,6 @@
 """The tuner's own rooms: its sub-packages reach each other only through their faces, each face lists names it
-has, and `batchscope tune`'s start-up loads neither the simulator nor matplotlib (whatif and write_report are
-imported when used)."""
+has, `batchscope tune`'s start-up loads neither the simulator nor matplotlib (whatif and write_report are imported
+when used), and vLLM's metric names are the catalogue's."""
 
 from __future__ import annotations
 
@@ -47,3 +47,10 @@ def test_the_cli_loads_neither_the_simulator_nor_matplotlib():
             "print(sorted(m for m in sys.modules if m.startswith(('batchscope.simulator', 'matplotlib'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def test_vllms_metric_names_come_from_the_catalogue():
+    literals = [f"{path.relative_to(TUNER)}: {node.value}" for path in TUNER.rglob("*.py")
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("vllm:")]
+    assert literals == []
