@@ -21,7 +21,7 @@ from batchscope.wire.bounded_read import BodyTooLarge, FetchTimeout, fetch
 TTFT = "batchscope_client_time_to_first_token_seconds"
 REQUESTS = "batchscope_client_requests_total"
 CLIENT_READ_S = 1.0
-# the client /metrics holds a few counters and histograms (some KB): a cap far above, far below vLLM's /metrics'
+# the client /metrics holds a few counters and histograms, some KB: 1 MiB leaves room and still bounds a bad answer
 CLIENT_METRICS_MAX_BYTES = 1 << 20
 _SESSION = requests.Session()  # one connection kept to the load generator across the reads
 NOT_ERRORS = ("ok", "aborted")

@@ -42,7 +42,7 @@ STOP_GRACE_S = 15.0
 TAIL_LINES = 20
 HEALTH_READ_S = 2.0
 REPORT_READ_S = 5.0  # each of /metrics, /version, /v1/models
-_SESSION = requests.Session()
+_SESSION = requests.Session()  # the reads of a server's answers after its start, one connection pool
 CAUSE_LINES = 400  # a failed start's cause is looked for this far back: a traceback, then the shutdown's noise
 PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal a child gets when its parent dies
 
