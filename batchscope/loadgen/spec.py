@@ -5,8 +5,8 @@ A YAML file (see docs in README) validated by pydantic; ``--set key=value`` flag
 Numbers are bounded (finite, below the MAX_* limits) so an absurd value is refused here, not hours into a run.
 Secret fields (``api_key``) are masked in every dump: the spec is written into summary.json and sent to workers.
 The latency targets (``slo``) and their one rule, vLLM bench serve's goodput (``within_slo``), live here: the load
-generator counts its good requests by them and the tuner's plan (batchscope/tuner/plan.py Slos) takes its defaults and
-rule.
+generator counts its good requests by them and the tuner's plan (batchscope/tuner/plan/file.py Slos) takes its
+defaults and rule.
 """
 
 from __future__ import annotations

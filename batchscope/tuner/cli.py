@@ -1,14 +1,7 @@
 """`batchscope tune PLAN` and `batchscope report PLAN_DIR`: the one-knob method, run and reported.
 
-    batchscope tune examples/one-knob.yaml                 # results/one-knob/<setting>-r<repeat>/run.json
-    batchscope tune examples/one-knob.yaml --resume        # finish an interrupted plan
-    batchscope tune examples/one-knob.yaml --what-if       # the simulator's virtual clock, in seconds
-    batchscope tune examples/one-knob.yaml --scenario server --what-if   # MLPerf Server: highest sustained rate
-    batchscope report results/one-knob                     # the comparison, and the mlperf-*/ results if any
-    batchscope report results/one-knob.what-if/mlperf-server   # a scenario's results alone
-
-Exit status: 0 the plan ran (failed runs are recorded, not fatal), 2 bad input (an unwritable --results folder
-too), 4 nothing could be compared (every baseline run failed, or every variation's), 130 interrupted.
+Options and exit statuses are in the parsers' help and docs/tuner.md (Commands): 0 the plan ran (failed runs are
+recorded), 2 bad input, 4 nothing could be compared, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -18,16 +11,11 @@ import sys
 from pathlib import Path
 
 from batchscope.inputs import exits
-from batchscope.tuner.mlperf import FOLDER_PREFIX, ServerRules
-from batchscope.tuner.plan import Plan, PlanError, load_plan
-from batchscope.tuner.planned import plan_runs
-from batchscope.tuner.progress import Progress
-from batchscope.tuner.report_prediction import WHAT_IF_SUFFIX
-from batchscope.tuner.report_scenarios import scenario_dirs
+from batchscope.tuner.mlperf import FOLDER_PREFIX, SCENARIOS, ServerRules, describe, nothing_measured, run_scenario
+from batchscope.tuner.plan import Plan, PlanError, load_plan, plan_runs
+from batchscope.tuner.report import WHAT_IF_SUFFIX, scenario_dirs
 from batchscope.tuner.results import PLAN_FILE, CannotWrite, check_writable, load_results
-from batchscope.tuner.runner import nothing_compared, run_plan
-from batchscope.tuner.scenarios import SCENARIOS, describe, nothing_measured, run_scenario
-from batchscope.tuner.stopping import Interrupted, StopOnSignal
+from batchscope.tuner.run import Interrupted, Progress, StopOnSignal, nothing_compared, run_plan
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

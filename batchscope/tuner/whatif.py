@@ -1,27 +1,9 @@
-"""What-if runs: one setting of a plan on the simulator's virtual clock, as a RunResult like a real run's.
+"""What-if runs: one setting of a plan on the simulator's virtual clock, recorded as a RunResult like a real run's.
 
-Same workload as the real-time run (``Plan.run_spec()``: warm-up, window, load mode and level, lengths, seed +
-repeat, and the prompts' token ids in the load generator's layout, so shared prefixes hit the prefix cache as
-they do in a real run), same engine as `batchscope sim serve` (the plan's simulator profile; for the command and
-docker backends their backend.profile, a `batchscope sim calibrate` file, else the default h100 one), but stepped
-from event to event instead of in real time: a one-minute window takes a fraction of a second.
-
-The client figures are the load generator's own, with the virtual times for the client's: each virtual record
-becomes a load generator record (loadgen.stream.request.timed_elsewhere: TTFT, E2E and TPOT by its rules),
-folded through its figures (batchscope/loadgen/figures/figures.py) in its window
-(batchscope/loadgen/figures/window.py: [warm-up, warm-up + window], offline to the last request's end; a request
-counts when it ended in it). Two figures differ from a real run's:
-output tokens/s counts the engine's tokens delivered in the window (those of the requests cut at the stop too, which
-leave no record), and ITL is exact (ExactGaps: every gap pooled, not a sketch). At the stop, requests in flight
-are cut, as the load generator aborts them; they count in no figure.
-Server signals are the engine's own statistics over the same window: counter deltas and histogram means from a
-snapshot taken before the first step that delivers in the window, and time-weighted KV usage and queue sizes.
-The virtual clock has no noise of its own, so closed-loop and offline repeats would be identical and their spread
-would say nothing. Each run's steps therefore take the profile's cost times a seeded lognormal factor of mean 1
-and coefficient of variation STEP_JITTER_CV, drawn per step from (the simulator seed, the setting, the repeat):
-repeats differ by that seed and, with Poisson load, by their arrivals (seed + repeat); prompts are the plan's, as
-in every real-time repeat. The noise is an assumption (no profile measures a GPU's step-time variance), so a
-what-if repeat's spread is the model's, not a real server's run-to-run variance: the report says so.
+The plan's workload and prompts, the engine of `batchscope sim serve` stepped from event to event; the client
+figures folded through the load generator's own figures and window rule, the server signals the engine's
+statistics over the window. Steps carry seeded lognormal noise (STEP_JITTER_CV) so repeats differ by seed. What
+differs from a real run and why: docs/tuner.md (What-if runs).
 """
 
 from __future__ import annotations
@@ -77,15 +59,16 @@ from batchscope.tuner.results import (
     RunStart,
     ServerReport,
     ServerSignals,
+    good_count,
     hit_rate,
     now_iso,
+    samples_of,
 )
-from batchscope.tuner.signals import good_count, samples_of
 from batchscope.workload import poisson
 from batchscope.workload.prompt_layout import ID_HIGH, ID_LOW, id_range, prompt_ids
 
 DEFAULT_PROFILE = SimulatorBackend().profile
-# Step-time noise of a what-if run: the standard deviation of a step's duration over its mean (see the docstring).
+# Step-time noise of a what-if run: a step's duration's standard deviation over its mean (docs/tuner.md, What-if)
 STEP_JITTER_CV = 0.03
 
 

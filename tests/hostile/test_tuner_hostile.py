@@ -1,5 +1,6 @@
-"""The tuner's reads of its peers against hostile servers: vLLM's /metrics sampled during a run, and Grafana's
-answers to the annotations, each ends within its deadline and byte cap."""
+"""The tuner's reads of its peers against hostile servers: vLLM's /metrics sampled during a run and read back after
+a start, the load generator's client /metrics shown as progress, and Grafana's answers to the annotations, each
+ends within its deadline and byte cap."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import pytest
 
 from batchscope.runs.annotations import GrafanaAnnotator
 from batchscope.testkit.hostile import HostileServer
-from batchscope.tuner.metrics_sampler import fetch_metrics
+from batchscope.tuner.run.metrics_sampler import FETCH_TIMEOUT_S, MetricsSampler, fetch_metrics
+from batchscope.tuner.run.progress import read_client
+from batchscope.tuner.run.servers import REPORT_READ_S, read_report
 from tests.conftest import wait_until
 from tests.stubs import HttpStub, Reply, json_reply
 
 
-@pytest.mark.parametrize("mode", ["metrics-endless", "metrics-hang", "metrics-huge"])
+@pytest.mark.parametrize("mode", ["metrics-endless", "metrics-hang", "metrics-huge", "metrics-drip"])
 def test_a_metrics_read_of_a_hostile_server_is_a_missing_point_within_its_deadline(mode, tmp_path):
     with HostileServer(mode) as server:
         started = time.monotonic()
@@ -23,6 +26,36 @@ def test_a_metrics_read_of_a_hostile_server_is_a_missing_point_within_its_deadli
         took = time.monotonic() - started
     assert point is None and took < 2.0, took
     assert not (tmp_path / "metrics.prom").exists()
+
+
+@pytest.mark.parametrize("mode", ["metrics-endless", "metrics-hang", "metrics-drip"])
+def test_the_progress_read_of_an_endless_client_metrics_is_none_within_its_deadline(mode):
+    with HostileServer(mode) as server:
+        started = time.monotonic()
+        live = read_client(server.port, timeout_s=1.0)
+        took = time.monotonic() - started
+    assert live is None and took < 2.0, took
+
+
+def test_the_sampler_of_an_endless_metrics_keeps_no_point_and_stops_within_one_read(tmp_path):
+    with HostileServer("metrics-endless") as server:
+        sampler = MetricsSampler(server.url, tmp_path / "metrics.jsonl", interval_s=0.1)
+        sampler.start()
+        time.sleep(1.0)
+        started = time.monotonic()
+        sampler.stop()
+        took = time.monotonic() - started
+    assert not sampler.points and (tmp_path / "metrics.jsonl").read_text() == ""
+    assert took < FETCH_TIMEOUT_S + 1.0, took
+
+
+def test_what_a_server_chose_is_unknown_when_its_metrics_never_ends():
+    with HostileServer("metrics-endless") as server:
+        started = time.monotonic()
+        report = read_report(server.url, "")
+        took = time.monotonic() - started
+    assert report.block_size is None and report.num_gpu_blocks is None
+    assert took < 3 * REPORT_READ_S + 1.0, took
 
 
 def test_grafanas_endless_error_answer_is_read_within_a_cap_and_the_queue_drains_by_its_deadline(caplog):

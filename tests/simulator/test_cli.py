@@ -13,7 +13,7 @@ from batchscope.simulator.responses import VLLM_VERSION
 from tests.conftest import wait_until
 
 # how the repository's log readers find vLLM's capacity line (batchscope/exporter/docker_source.py,
-# batchscope/tuner/backends.py)
+# batchscope/tuner/run/servers.py)
 KV_LINE = re.compile(r"(GPU|CPU) KV cache size: ([\d,]+) tokens")
 
 

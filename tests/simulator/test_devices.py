@@ -18,7 +18,7 @@ from batchscope.simulator.config import Deployment, ServeConfig
 from batchscope.simulator.profile import load_profile
 
 # how the repository's log readers find vLLM's capacity line (batchscope/exporter/docker_source.py,
-# batchscope/tuner/backends.py)
+# batchscope/tuner/run/servers.py)
 KV_LINE = re.compile(r"(GPU|CPU) KV cache size: ([\d,]+) tokens")
 
 

@@ -64,7 +64,7 @@ def test_every_module_a_subcommand_imports_is_in_the_image(command):
 
 
 def test_the_test_support_stays_out_of_the_image():
-    assert not in_image("batchscope/testkit/processes.py") and in_image("batchscope/tuner/plan.py")
+    assert not in_image("batchscope/testkit/processes.py") and in_image("batchscope/tuner/plan/file.py")
 
 
 def test_the_dockerfile_needs_no_frontend_from_docker_hub():

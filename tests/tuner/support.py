@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from batchscope.testkit.processes import Child
-from batchscope.tuner.results import RUN_FILE
+from batchscope.tuner.results.record import RUN_FILE
 
 PORT_FLAG = re.compile(r"--port (\d+)")
 

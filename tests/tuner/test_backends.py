@@ -12,7 +12,8 @@ import docker
 import pytest
 import requests
 
-from batchscope.tuner.backends import (
+from batchscope.tuner.plan import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
+from batchscope.tuner.run.servers import (
     CommandServer,
     DockerServer,
     SimulatorServer,
@@ -21,7 +22,6 @@ from batchscope.tuner.backends import (
     recreate_spec,
     replace_knobs,
 )
-from batchscope.tuner.plan import CommandBackend, DockerBackend, ServingParams, SimulatorBackend
 from tests.conftest import free_port
 from tests.stubs import HttpStub, Reply, json_reply
 

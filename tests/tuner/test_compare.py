@@ -1,4 +1,4 @@
-"""tuner.compare and tuner.explain on synthetic runs: known per-request samples, known server signals."""
+"""tuner.compare (compute.py, explain.py) on synthetic runs: known per-request samples, known server signals."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 
 from batchscope.loadgen.figures.summary import Distribution
 from batchscope.loadgen.spec import WorkloadSpec
-from batchscope.tuner.compare import ConditionsDiffer, compare
-from batchscope.tuner.comparison import Comparison
+from batchscope.tuner.compare.compute import ConditionsDiffer, compare
+from batchscope.tuner.compare.model import Comparison
+from batchscope.tuner.compare.verdicts import pareto_front
 from batchscope.tuner.plan import ServingParams, Slos
-from batchscope.tuner.results import ClientFigures, RequestSamples, RunResult, ServerSignals
-from batchscope.tuner.verdicts import pareto_front
+from batchscope.tuner.results.record import ClientFigures, RequestSamples, RunResult, ServerSignals
 
 WORKLOAD = {"model": "auto", "input_tokens": 512, "output_tokens": 128, "seed": 1, "warmup_s": 10,
             "duration_s": 60, "load": {"mode": "concurrency", "concurrency": 64}}

@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from batchscope.simulator.responses import VLLM_VERSION
-from batchscope.tuner.backends import SimulatorServer, command_argv, replace_knobs, simulator_argv
-from batchscope.tuner.observers import diff
 from batchscope.tuner.plan import CommandBackend, Plan, ServingParams, SimulatorBackend
+from batchscope.tuner.run.observers import diff
+from batchscope.tuner.run.servers import SimulatorServer, command_argv, replace_knobs, simulator_argv
 from batchscope.vllm.knobs import KNOBS, without_knobs
 from tests.tuner.support import run_files, tiny_plan, tune, write_plan
 

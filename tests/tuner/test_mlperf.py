@@ -8,7 +8,8 @@ import math
 import pytest
 
 from batchscope.loadgen.figures.summary import Distribution
-from batchscope.tuner.mlperf import (
+from batchscope.tuner.mlperf.measure import measure_what_if
+from batchscope.tuner.mlperf.rules import (
     PointFlow,
     SearchState,
     ServerPoint,
@@ -23,8 +24,7 @@ from batchscope.tuner.mlperf import (
     search_server,
 )
 from batchscope.tuner.plan import Slos
-from batchscope.tuner.results import ClientFigures, RunResult
-from batchscope.tuner.scenarios import measure_what_if
+from batchscope.tuner.results.record import ClientFigures, RunResult
 from batchscope.tuner.whatif import run_what_if
 
 from .test_whatif import one_knob_plan

@@ -1,16 +1,17 @@
-"""The report's one recommendation (tuner.verdicts.recommend, tuner.report_recommendation) and explanations that
-lead with the largest effect (tuner.explain), on synthetic runs built as tests/tuner/test_compare.py builds them."""
+"""The report's one recommendation (tuner.compare.verdicts.recommend, tuner.report.recommendation) and
+explanations that lead with the largest effect (tuner.compare.explain), on synthetic runs built as
+tests/tuner/test_compare.py builds them."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from batchscope.loadgen.figures.summary import Distribution
-from batchscope.tuner.compare import compare
-from batchscope.tuner.comparison import Comparison
+from batchscope.tuner.compare.compute import compare
+from batchscope.tuner.compare.model import Comparison
 from batchscope.tuner.plan import Objective, Slos
-from batchscope.tuner.report_recommendation import recommendation_lines
-from batchscope.tuner.results import RunResult
+from batchscope.tuner.report.recommendation import recommendation_lines
+from batchscope.tuner.results.record import RunResult
 from tests.tuner.test_compare import N, make_run
 
 SLOS = Slos(ttft_p99_s=2.0, tpot_p99_s=0.2)

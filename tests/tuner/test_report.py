@@ -13,10 +13,10 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from batchscope.tuner.metric_defs import METRICS
+from batchscope.tuner.compare.metrics import METRICS
 from batchscope.tuner.plan import Plan
-from batchscope.tuner.report import CSV_COLUMNS, PLOTS, write_report
-from batchscope.tuner.results import ServerReport, load_results, save
+from batchscope.tuner.report.files import CSV_COLUMNS, PLOTS, write_report
+from batchscope.tuner.results.record import ServerReport, load_results, save
 from tests.tuner.test_compare import BASE_PARAMS, WORKLOAD, make_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -26,11 +26,11 @@ from matplotlib.text import Annotation
 from matplotlib.transforms import Bbox
 from PIL import Image, ImageStat
 
-from batchscope.tuner.compare import compare
-from batchscope.tuner.comparison import Comparison
+from batchscope.tuner.compare.compute import compare
+from batchscope.tuner.compare.model import Comparison
 from batchscope.tuner.plan import Slos
-from batchscope.tuner.report_plots import deltas_figure, pareto_figure, scheduler_figure, throughput_preemptions_figure
-from batchscope.tuner.report_text import percent
+from batchscope.tuner.report.plots import deltas_figure, pareto_figure, scheduler_figure, throughput_preemptions_figure
+from batchscope.tuner.report.text import percent
 from tests.tuner.test_compare import make_run
 
 ROOT = Path(__file__).resolve().parents[2]

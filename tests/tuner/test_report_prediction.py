@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from batchscope.tuner.report import write_report
-from batchscope.tuner.report_prediction import prediction_rows
+from batchscope.tuner.report.files import write_report
+from batchscope.tuner.report.prediction import prediction_rows
 from tests.tuner.support import run_files, tiny_plan, tune, write_plan
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from batchscope.cli import main
 from batchscope.tuner.plan import load_plan
-from batchscope.tuner.runner import prepare_plan_dir
+from batchscope.tuner.run.runner import prepare_plan_dir
 from tests.conftest import wait_until
 from tests.tuner.support import kill_group, run_files, server_ports, start_tune, tiny_plan, tune, write_plan
 

@@ -12,11 +12,9 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-from batchscope.tuner.observers import PROMETHEUS_QUERIES, annotate, diff, grafana_annotator, query_prometheus
 from batchscope.tuner.plan import Plan, Slos
-from batchscope.tuner.planned import plan_runs
-from batchscope.tuner.progress import client_live, quantile
-from batchscope.tuner.signals import (
+from batchscope.tuner.plan.order import plan_runs
+from batchscope.tuner.results.signals import (
     MetricsPoint,
     cache_config,
     good_requests,
@@ -25,6 +23,8 @@ from batchscope.tuner.signals import (
     server_report,
     server_signals,
 )
+from batchscope.tuner.run.observers import PROMETHEUS_QUERIES, annotate, diff, grafana_annotator, query_prometheus
+from batchscope.tuner.run.progress import client_live, quantile
 from tests.stubs import HttpStub, json_reply
 from tests.tuner.support import tiny_plan
 

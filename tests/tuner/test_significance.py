@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batchscope.tuner.bootstrap import MIN_REPEATS, NO_ESTIMATE, Estimate, holm
-from batchscope.tuner.compare import compare
-from batchscope.tuner.comparison import Comparison, MetricDelta
+from batchscope.tuner.compare.bootstrap import MIN_REPEATS, NO_ESTIMATE, Estimate, holm
+from batchscope.tuner.compare.compute import compare
+from batchscope.tuner.compare.model import Comparison, MetricDelta
+from batchscope.tuner.compare.welch import t_quantile, welch
 from batchscope.tuner.plan import Plan
-from batchscope.tuner.report_text import ci_line, significance
-from batchscope.tuner.welch import t_quantile, welch
+from batchscope.tuner.report.text import ci_line, significance
 from batchscope.tuner.whatif import run_what_if
 from tests.tuner.support import tiny_plan, tune, write_plan
 from tests.tuner.test_compare import make_run, run_compare

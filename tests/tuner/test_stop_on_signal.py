@@ -9,12 +9,12 @@ import signal
 
 import pytest
 
-from batchscope.tuner.backends import make_server
-from batchscope.tuner.one_run import run_one
 from batchscope.tuner.plan import Plan
-from batchscope.tuner.planned import plan_runs
-from batchscope.tuner.progress import Progress
-from batchscope.tuner.stopping import Interrupted, StopOnSignal, signals_deferred
+from batchscope.tuner.plan.order import plan_runs
+from batchscope.tuner.run.one_run import run_one
+from batchscope.tuner.run.progress import Progress
+from batchscope.tuner.run.servers import make_server
+from batchscope.tuner.run.stopping import Interrupted, StopOnSignal, signals_deferred
 from tests.tuner.support import tiny_plan
 
 

@@ -11,7 +11,7 @@ import yaml
 from batchscope.simulator.config import Deployment, ServeConfig
 from batchscope.simulator.profile import load_profile
 from batchscope.tuner.plan import CommandBackend, Plan, Slos
-from batchscope.tuner.results import RunResult
+from batchscope.tuner.results.record import RunResult
 from batchscope.tuner.whatif import run_what_if, simulate
 
 PROFILE = "h100-llama-3.1-8b"

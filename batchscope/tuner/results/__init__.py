@@ -1,0 +1,38 @@
+"""What a run leaves on disk (run.json, written atomically) and the figures read from its files and /metrics."""
+
+from batchscope.tuner.results.record import (
+    PLAN_FILE,
+    RUN_FILE,
+    CannotWrite,
+    ClientFigures,
+    RequestSamples,
+    RunResult,
+    RunStart,
+    ServerReport,
+    ServerSignals,
+    check_writable,
+    hit_rate,
+    load_results,
+    now_iso,
+    save,
+    write_atomically,
+)
+from batchscope.tuner.results.signals import (
+    MetricsPoint,
+    client_figures,
+    good_count,
+    good_requests,
+    parse_metrics,
+    read_summary,
+    request_samples,
+    samples_of,
+    server_report,
+    server_signals,
+)
+
+__all__ = [
+    "PLAN_FILE", "RUN_FILE", "CannotWrite", "ClientFigures", "MetricsPoint", "RequestSamples", "RunResult",
+    "RunStart", "ServerReport", "ServerSignals", "check_writable", "client_figures", "good_count", "good_requests",
+    "hit_rate", "load_results", "now_iso", "parse_metrics", "read_summary", "request_samples", "samples_of", "save",
+    "server_report", "server_signals", "write_atomically",
+]
