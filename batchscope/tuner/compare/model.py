@@ -9,8 +9,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, Field
 
-import batchscope
 from batchscope.loadgen import WorkloadSpec
+from batchscope.runs.provenance import Provenance
 from batchscope.tuner.compare.bootstrap import CONFIDENCE, MIN_REPEATS, RESAMPLES, SEED, Evidence, Method
 from batchscope.tuner.plan import Objective, ServingParams, Slos
 from batchscope.tuner.results import ServerReport
@@ -143,11 +143,10 @@ class FailedRun(BaseModel):
     failure: str = Field(description="One line saying why.")
 
 
-class Comparison(BaseModel):
+class Comparison(Provenance):
     """Every variation of a plan against its baseline, with the conditions and SLOs that framed it."""
 
     schema_version: Literal[3] = Field(SCHEMA_VERSION, description="Bumped when a field changes meaning.")
-    tool_version: str = Field(batchscope.__version__, description="batchscope version that compared.")
     plan: str = Field(description="Plan name.")
     mode: Literal["real-time", "what-if"] = Field(description="How every compared run was measured.")
     conditions: WorkloadSpec = Field(description="The locked workload shared by every run.")

@@ -14,8 +14,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, Field
 
-import batchscope
 from batchscope.loadgen import OfflineLoad, PoissonLoad
+from batchscope.runs.provenance import Provenance
 from batchscope.tuner.plan import Plan, Slos
 from batchscope.tuner.results import RunResult, now_iso
 
@@ -219,11 +219,10 @@ def _tenths_up(seconds: float) -> float:
     return math.ceil(round(seconds * 10, 6)) / 10
 
 
-class ServerSearch(BaseModel):
+class ServerSearch(Provenance):
     """MLPerf Server for one configuration: the rate bracket and every point measured."""
 
     schema_version: int = Field(SCHEMA_VERSION, description="Bumped on any breaking change.")
-    tool_version: str = Field(batchscope.__version__, description="batchscope version that wrote it.")
     plan: str = Field("", description="The plan's name.")
     mode: Mode = Field("what-if", description="Points measured in real time or on the virtual clock.")
     started_at: str = Field(description="Search start, ISO 8601 UTC.")
@@ -258,11 +257,10 @@ def search_server(setting: str, measure: Measure, slos: Slos, rules: ServerRules
                         max_points=max_points)
 
 
-class OfflineResult(BaseModel):
+class OfflineResult(Provenance):
     """MLPerf Offline for one configuration: all requests at once, throughput only."""
 
     schema_version: int = Field(SCHEMA_VERSION, description="Bumped on any breaking change.")
-    tool_version: str = Field(batchscope.__version__, description="batchscope version that wrote it.")
     plan: str = Field("", description="The plan's name.")
     mode: Mode = Field("what-if", description="Measured in real time or on the virtual clock.")
     started_at: str = Field(description="Run start, ISO 8601 UTC.")

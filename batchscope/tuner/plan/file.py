@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from batchscope.inputs.validation import TAGGED_UNION_ERRORS, first_error, yaml_problem
+from batchscope.inputs.validation import TAGGED_UNION_ERRORS, first_error, read_yaml_mapping
 from batchscope.loadgen import (
     DEFAULT_SLO_TPOT_S,
     DEFAULT_SLO_TTFT_S,
@@ -162,9 +161,9 @@ def run_name(setting: str, repeat: int) -> str:
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file; raise PlanError with one line naming the field."""
     path = Path(path)
-    data = _read_mapping(path, "plan")
+    data = read_yaml_mapping(path, "plan", PlanError)
     if isinstance(data.get("workload"), str):
-        data["workload"] = _read_mapping(path.parent / data["workload"], "plan: workload")
+        data["workload"] = read_yaml_mapping(path.parent / data["workload"], "plan: workload", PlanError)
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
@@ -172,20 +171,6 @@ def load_plan(path: str | Path) -> Plan:
     plan.settings()  # every variation applied to the baseline must itself be a valid configuration
     return plan
 
-
-def _read_mapping(path: Path, what: str) -> dict:
-    """A YAML file holding a mapping, or PlanError saying '<what>: ...' in one line."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise PlanError(f"{what}: cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"{what}: {path} is not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        raise PlanError(f"{what}: {path} is not valid YAML ({yaml_problem(exc)})") from None
-    if not isinstance(data, dict):
-        raise PlanError(f"{what}: {path} must hold a mapping of fields")
-    return data
 
 
 def _without_union_tags(field: str) -> str:

@@ -19,10 +19,25 @@ from typing import Final, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, Field
 
-import batchscope
 from batchscope.loadgen import Distribution, WorkloadSpec
+from batchscope.runs.provenance import Provenance
 from batchscope.tuner.plan import ServingParams, run_name
-from batchscope.vllm.catalogue import CACHE_CONFIG_INFO
+from batchscope.vllm.catalogue import (
+    CACHE_CONFIG_INFO,
+    GENERATION_TOKENS,
+    ITERATION_TOKENS,
+    KV_CACHE_USAGE,
+    NUM_PREEMPTIONS,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
+    PROMPT_TOKENS,
+    REQUEST_DECODE_TIME,
+    REQUEST_PREFILL_TIME,
+    REQUEST_QUEUE_TIME,
+    REQUEST_SUCCESS,
+)
 
 # 2: a knob in params may be None (not passed, vLLM's default applied) and `reported` holds what the server chose;
 # a failed start records its command line. Version 1 files (every knob passed) load as they are.
@@ -61,25 +76,27 @@ class RequestSamples(BaseModel):
 class ServerSignals(BaseModel):
     """vLLM's side of the window, from /metrics deltas and samples (vLLM's own definitions)."""
 
-    preemptions: float = Field(description="Increase of vllm:num_preemptions_total over the window.")
-    prompt_tokens: float = Field(description="Increase of vllm:prompt_tokens_total over the window.")
-    generation_tokens: float = Field(description="Increase of vllm:generation_tokens_total over the window.")
-    requests_finished: float = Field(description="Increase of vllm:request_success_total (all reasons but abort).")
-    queue_time_mean_s: float | None = Field(description="Mean vllm:request_queue_time_seconds in the window.")
-    prefill_time_mean_s: float | None = Field(description="Mean vllm:request_prefill_time_seconds in the window.")
-    decode_time_mean_s: float | None = Field(description="Mean vllm:request_decode_time_seconds in the window.")
-    tokens_per_step_mean: float | None = Field(description="Mean vllm:iteration_tokens_total in the window.")
-    max_waiting: float = Field(description="Largest vllm:num_requests_waiting sampled in the window.")
-    max_running: float = Field(description="Largest vllm:num_requests_running sampled in the window.")
-    kv_usage_peak: float = Field(description="Largest vllm:kv_cache_usage_perc sampled in the window (0-1).")
-    kv_usage_mean: float = Field(description="Mean vllm:kv_cache_usage_perc over the window's samples (0-1).")
+    preemptions: float = Field(description=f"Increase of {NUM_PREEMPTIONS.exposed_name} over the window.")
+    prompt_tokens: float = Field(description=f"Increase of {PROMPT_TOKENS.exposed_name} over the window.")
+    generation_tokens: float = Field(description=f"Increase of {GENERATION_TOKENS.exposed_name} over the "
+                                     "window.")
+    requests_finished: float = Field(description=f"Increase of {REQUEST_SUCCESS.exposed_name} (all reasons but "
+                                     "abort).")
+    queue_time_mean_s: float | None = Field(description=f"Mean {REQUEST_QUEUE_TIME.name} in the window.")
+    prefill_time_mean_s: float | None = Field(description=f"Mean {REQUEST_PREFILL_TIME.name} in the window.")
+    decode_time_mean_s: float | None = Field(description=f"Mean {REQUEST_DECODE_TIME.name} in the window.")
+    tokens_per_step_mean: float | None = Field(description=f"Mean {ITERATION_TOKENS.name} in the window.")
+    max_waiting: float = Field(description=f"Largest {NUM_REQUESTS_WAITING.name} sampled in the window.")
+    max_running: float = Field(description=f"Largest {NUM_REQUESTS_RUNNING.name} sampled in the window.")
+    kv_usage_peak: float = Field(description=f"Largest {KV_CACHE_USAGE.name} sampled in the window (0-1).")
+    kv_usage_mean: float = Field(description=f"Mean {KV_CACHE_USAGE.name} over the window's samples (0-1).")
     kv_capacity_tokens: int | None = Field(description="Tokens the KV cache holds (vLLM's '<device> KV cache "
                                            "size' line, e.g. 'GPU KV cache size', 'CPU KV cache size').")
-    prefix_cache_queries: float | None = Field(None, description="Increase of vllm:prefix_cache_queries_total over "
-                                               "the window: prompt tokens looked up in the prefix cache (None: "
+    prefix_cache_queries: float | None = Field(None, description=f"Increase of {PREFIX_CACHE_QUERIES.exposed_name} "
+                                               "over the window: prompt tokens looked up in the prefix cache (None: "
                                                "not exposed, or a run recorded before it was).")
-    prefix_cache_hits: float | None = Field(None, description="Increase of vllm:prefix_cache_hits_total over the "
-                                            "window: of those, tokens found cached (None as above).")
+    prefix_cache_hits: float | None = Field(None, description=f"Increase of {PREFIX_CACHE_HITS.exposed_name} over "
+                                            "the window: of those, tokens found cached (None as above).")
     prefix_cache_hit_rate: float | None = Field(None, description="prefix_cache_hits / prefix_cache_queries (0-1, "
                                                 "vLLM's definition); None when nothing was queried.")
 
@@ -106,12 +123,11 @@ def hit_rate(queries: float | None, hits: float | None) -> float | None:
     return hits / queries if queries and hits is not None else None
 
 
-class RunResult(BaseModel):
+class RunResult(Provenance):
     """One run of one setting: what was started, under which conditions, and what it measured."""
 
     schema_version: Literal[1, 2] = Field(SCHEMA_VERSION, description="Bumped when a field changes meaning (see "
                                           "SCHEMA_VERSION); older versions still load.")
-    tool_version: str = Field(batchscope.__version__, description="batchscope version that wrote it.")
     python: str = Field(platform.python_version(), description="Python version of the tuner.")
     plan: str = Field(description="Plan name.")
     setting: str = Field(description="'baseline' or the variation's name.")

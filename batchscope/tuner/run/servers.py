@@ -76,7 +76,8 @@ class Server(Protocol):
 # --- pure parts ---------------------------------------------------------------------------------------------
 
 def simulator_argv(backend: SimulatorBackend, params: ServingParams, port: int) -> list[str]:
-    """`batchscope sim serve` with the setting's flags: only the set knobs (the simulator's defaults are vLLM's)."""
+    """`batchscope sim serve` with the setting's flags: only the set knobs (an unset one is the knob's baseline
+    there, SchedulerConfig's default, where vLLM's `vllm serve` sizes it by device: batchscope.vllm.knobs)."""
     return [sys.executable, "-m", "batchscope.cli", "sim", "serve", params.model, "--host", "127.0.0.1",
             "--port", str(port), *params.flags(), "--profile", backend.profile, "--seed", str(backend.seed)]
 
