@@ -209,8 +209,8 @@ class BatchscopeCollector(Collector):
                                         if f.name == "process_start_time_seconds" and f.samples), None)
             result.up = True
         except Exception as exc:  # whatever the upstream did, the target is down at this scrape; the cause says why
-            cause = exc.__cause__ if isinstance(exc, Unreadable) and exc.__cause__ is not None else exc
-            result.cause = down_cause(cause, self._sources.timeout_s)
+            result.cause = down_cause(exc.__cause__ if isinstance(exc, Unreadable) and exc.__cause__ else exc,
+                                      self._sources.timeout_s)
         result.duration_s = self._timer() - started
         return result
 

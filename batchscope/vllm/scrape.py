@@ -33,7 +33,8 @@ def read_text(session: requests.Session, url: str, timeout_s: float, max_bytes: 
         return fetch(session, url, deadline=time.monotonic() + timeout_s, max_bytes=max_bytes, headers=ACCEPT).text()
     # urllib3's own errors: a peer that hangs up mid-body, before the deadline, fails raw.read1 with them
     except (requests.RequestException, urllib3.exceptions.HTTPError, FetchTimeout, BodyTooLarge, ValueError) as exc:
-        raise Unreadable(f"{url}: {type(exc).__name__}: {exc}") from exc  # the cause, for a reader that tells why
+        # the cause, for a reader that tells why, without its traceback: its frames hold the body read so far
+        raise Unreadable(f"{url}: {type(exc).__name__}: {exc}") from exc.with_traceback(None)
 
 
 def families(text: str) -> list[Metric]:

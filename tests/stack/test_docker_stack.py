@@ -261,7 +261,7 @@ def test_a_preempting_load_fires_the_alert_through_alertmanager_to_the_webhook(s
 def test_the_exporters_client_and_server_figures_agree_with_the_load_generators_summary(stack: Stack, tmp_path):
     wait_until(lambda: stack.get("LOCUST_WEB_HOST_PORT", "/llm/state").json()["state"] == "stopped",
                timeout_s=RUN_END_S, interval_s=2, message="the end of the spec's run (the LLM tab's state)")
-    metrics = stack.exporter()  # the run is over: its figures are final
+    metrics = settled(stack)
     result = final_summary(stack, tmp_path)
     assert result["balanced"] and result["started"] > 0 and result["outcomes"]["ok"] > 0, result
     run = (("run_id", result["run_id"]), ("scenario", result["spec"]["scenario"]))
@@ -274,6 +274,19 @@ def test_the_exporters_client_and_server_figures_agree_with_the_load_generators_
         assert client("batchscope_client_requests_total", ("outcome", outcome)) == count, outcome
     assert_vllm_served_the_run(metrics, result, VOCAB_SIZE)
     assert total(metrics, "vllm:num_preemptions_total") > 0
+
+
+def settled(stack: Stack) -> dict[tuple[str, tuple], float]:
+    """The exporter's /metrics once every request the client started has its outcome there. The LLM tab says
+    "stopped" when the master stops the run; the workers' last records (the requests the end aborted) reach the
+    master's merged figures with their next report, a few seconds later."""
+    def balanced() -> dict[tuple[str, tuple], float] | None:
+        metrics = stack.exporter()
+        started = total(metrics, "batchscope_client_requests_started_total")
+        return metrics if started > 0 and total(metrics, "batchscope_client_requests_total") == started else None
+
+    return wait_until(balanced, timeout_s=SCRAPE_S, interval_s=1, message="every started request's outcome at the "
+                      "exporter")
 
 
 def total(metrics: dict[tuple[str, tuple], float], name: str) -> float:
