@@ -138,8 +138,8 @@ class ServerMetrics:
         self.last_read_s = now  # before the fetch: a poll arriving meanwhile must not start a second one
         try:
             reading = parse_server_metrics(self.fetch(self.url), now)
-        # refused, timed out, too large, an HTTP error, not an exposition (scrape.Unreadable, ValueError), or the
-        # peer hanging up mid-body (urllib3's errors pass read_text): all mean "unreachable"
+        # refused, timed out, too large, cut, an HTTP error (scrape.Unreadable), not an exposition (ValueError), or
+        # whatever an injected fetch raises: all mean "unreachable", and none may end the Locust master's loop
         except Exception:
             reading = None
         if not keep():
