@@ -37,7 +37,7 @@ from batchscope.exporter.slo import SloFlags, SloGauge
 from batchscope.inputs.validation import read_input_text
 from batchscope.runs.live_run import LiveFileError, LiveRun, read_live_file
 from batchscope.vllm import catalogue
-from batchscope.vllm.scrape import Unreadable, read_text
+from batchscope.vllm.scrape import read_text
 from batchscope.wire.bounded_read import JSON_MAX_BYTES, FetchTimeout, fetch
 
 log = logging.getLogger("batchscope.exporter")
@@ -209,8 +209,7 @@ class BatchscopeCollector(Collector):
                                         if f.name == "process_start_time_seconds" and f.samples), None)
             result.up = True
         except Exception as exc:  # whatever the upstream did, the target is down at this scrape; the cause says why
-            result.cause = down_cause(exc.__cause__ if isinstance(exc, Unreadable) and exc.__cause__ else exc,
-                                      self._sources.timeout_s)
+            result.cause = down_cause(exc, self._sources.timeout_s)
         result.duration_s = self._timer() - started
         return result
 

@@ -19,6 +19,7 @@ import requests
 import urllib3.exceptions
 
 from batchscope.inputs.secrets import MASK
+from batchscope.vllm.scrape import Unreadable
 from batchscope.wire.bounded_read import BodyTooLarge, FetchTimeout
 
 log = logging.getLogger("batchscope.exporter")
@@ -39,7 +40,9 @@ class DownCause:
 
 def down_cause(exc: BaseException, timeout_s: float) -> DownCause:
     """Classify a failed fetch: refused, timeout, too large, HTTP status, unparseable, or another connection or
-    protocol problem."""
+    protocol problem (a /metrics read's ``scrape.Unreadable`` by the failure it wraps)."""
+    if isinstance(exc, Unreadable) and exc.__cause__ is not None:
+        exc = exc.__cause__
     if isinstance(exc, requests.HTTPError) and exc.response is not None:
         status = f"HTTP {exc.response.status_code}"
         return DownCause(status, f"{status} {exc.response.reason or ''}".rstrip(), "http_status")

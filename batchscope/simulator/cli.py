@@ -37,8 +37,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     for name in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"):
         knob = knobs.BY_NAME[name]
         serve.add_argument(knob.flag, type=type(knob.baseline), default=knob.baseline,
-                           help=f"{knob.meaning} (default {knob.baseline:g}: the seed's baseline, SchedulerConfig's "
-                                "default; `vllm serve` sizes it by device)")
+                           help=ServeConfig.model_fields[name].description)
     serve.add_argument("--max-model-len", type=int, help="default: the profile's model context length")
     serve.add_argument("--num-gpu-blocks-override", type=int, metavar="N",
                        help="KV blocks to use instead of what memory allows (a fixed cache size)")

@@ -33,7 +33,7 @@ def knob_field(name: str) -> typing.Any:
     baseline, vLLM's SchedulerConfig default rather than `vllm serve`'s device-sized one) and its meaning."""
     knob = knobs.BY_NAME[name]
     return Field(knob.baseline, description=f"{knob.meaning.capitalize()}; unset: {knob.baseline:g} (the seed's "
-                                            "baseline; vLLM sizes it by device).")
+                                            "baseline, SchedulerConfig's default; `vllm serve` sizes it by device).")
 
 
 class ServeConfig(BaseModel):
