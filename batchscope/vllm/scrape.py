@@ -1,4 +1,4 @@
-"""Reading vLLM's /metrics, once for every component: a bounded GET and the parses the components need.
+"""Reading a /metrics (vLLM's, or the load generator's client one) for every component: a bounded GET, the parses.
 
 ``read_text`` gets the exposition within a deadline and a byte cap whatever the server sends (a refusal, a
 stall, an endless body, an error status are one ``Unreadable``). The parses are over that text: every family,

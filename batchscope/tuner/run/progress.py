@@ -11,12 +11,11 @@ import time
 from dataclasses import dataclass, field
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from batchscope.wire.bounded_read import BodyTooLarge, FetchTimeout, fetch
+from batchscope.vllm import scrape
 
 TTFT = "batchscope_client_time_to_first_token_seconds"
 REQUESTS = "batchscope_client_requests_total"
@@ -40,7 +39,7 @@ def client_live(metrics_text: str) -> ClientLive:
     """TTFT p50 (linear within the bucket, as histogram_quantile) and error count from client /metrics."""
     buckets: dict[float, float] = {}
     live = ClientLive()
-    for family in text_string_to_metric_families(metrics_text):
+    for family in scrape.families(metrics_text):
         for sample in family.samples:
             if sample.name == f"{TTFT}_bucket":
                 bound = float(sample.labels["le"])
@@ -74,10 +73,9 @@ def read_client(port: int, timeout_s: float = CLIENT_READ_S) -> ClientLive | Non
     """The load generator's live figures from its client /metrics, read within ``timeout_s`` and
     CLIENT_METRICS_MAX_BYTES; None when it does not answer so (not up yet, already gone, or misbehaving)."""
     try:
-        body = fetch(_SESSION, f"http://127.0.0.1:{port}/metrics", deadline=time.monotonic() + timeout_s,
-                     max_bytes=CLIENT_METRICS_MAX_BYTES)
-        return client_live(body.text())
-    except (requests.RequestException, FetchTimeout, BodyTooLarge, ValueError):
+        return client_live(scrape.read_text(_SESSION, f"http://127.0.0.1:{port}/metrics", timeout_s,
+                                            CLIENT_METRICS_MAX_BYTES))
+    except (scrape.Unreadable, ValueError):
         return None
 
 
