@@ -25,7 +25,9 @@ KNOWN_FLAGS = ("model", "served_model_name", *vllm_knobs.KNOB_NAMES)
 BOOLEAN_FLAGS = {"enable_prefix_caching", "no_enable_prefix_caching", "enable_chunked_prefill",
                  "no_enable_chunked_prefill", "enforce_eager", "trust_remote_code", "disable_log_requests",
                  "disable_log_stats", "enable_prompt_tokens_details", "enable_force_include_usage",
-                 "async_scheduling", "no_async_scheduling", "disable_frontend_multiprocessing"}
+                 "async_scheduling", "no_async_scheduling", "disable_frontend_multiprocessing",
+                 *(knob.name for knob in vllm_knobs.KNOBS if knob.switch),
+                 *("no_" + knob.name for knob in vllm_knobs.KNOBS if knob.switch)}
 
 
 class ServingConfig(BaseModel):
@@ -40,6 +42,15 @@ class ServingConfig(BaseModel):
     block_size: str = Field("", description="--block-size: tokens per KV block.")
     num_gpu_blocks_override: str = Field("", description="--num-gpu-blocks-override: KV blocks replacing the size "
                                          "profiled from memory.")
+    max_num_active_seqs: str = Field("", description="--max-num-active-seqs: requests admitted into RUNNING.")
+    max_num_queued_reqs: str = Field("", description="--max-num-queued-reqs: requests in flight past which vLLM "
+                                     "answers 503.")
+    max_num_queued_tokens: str = Field("", description="--max-num-queued-tokens: prompt tokens in prefill at which "
+                                       "vLLM answers 503.")
+    long_prefill_token_threshold: str = Field("", description="--long-prefill-token-threshold: most prefill "
+                                              "tokens of one request per step (0 off).")
+    long_prefill_token_threshold_adaptive: str = Field("", description="--long-prefill-token-threshold-adaptive: "
+                                                       "the cap floored at a fair share of the budget.")
     vllm_version: str = Field("", description="vLLM version from /version.")
     other_flags: dict[str, str] = Field(default_factory=dict, description="Any other flag given, name: value "
                                         "(secret ones, e.g. api_key, hf_token, as '***').")
@@ -144,6 +155,8 @@ def parse_command(command: str | list[str]) -> ServingConfig:
                 value = "true"
             else:
                 value, index = argv[index], index + 1
+        if name.startswith("no_") and getattr(vllm_knobs.BY_NAME.get(name[3:]), "switch", False):
+            name, value = name[3:], "false"  # a switch's off form names the knob
         values[name] = value
     known = {key: values.pop(key) for key in KNOWN_FLAGS if key in values}
     defaulted = [key for key in vllm_knobs.KNOB_NAMES if key not in known]

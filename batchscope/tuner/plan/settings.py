@@ -11,13 +11,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 from batchscope.inputs.secrets import mask_argv, mask_command
 from batchscope.vllm import knobs as vllm_knobs
 
-# The serving parameters a variation may change: the seed's three knobs and the two lengths they depend on.
+# The serving parameters a variation may change: every knob of batchscope.vllm.knobs (the seed's three, the lengths
+# and cache size they depend on, the queue's own).
 TUNABLE = vllm_knobs.KNOB_NAMES
 
 
 def _knob(name: str) -> Any:
     """A knob's field: unset (None) by default, vLLM's bounds and description (batchscope.vllm.knobs)."""
     knob = vllm_knobs.BY_NAME[name]
+    if knob.switch:
+        return Field(None, description=knob.description)
     return Field(None, gt=knob.above, le=knob.at_most, description=knob.description)
 
 
@@ -34,6 +37,11 @@ class ServingParams(BaseModel):
     gpu_memory_utilization: float | None = _knob("gpu_memory_utilization")
     block_size: int | None = _knob("block_size")
     num_gpu_blocks_override: int | None = _knob("num_gpu_blocks_override")
+    max_num_active_seqs: int | None = _knob("max_num_active_seqs")
+    max_num_queued_reqs: int | None = _knob("max_num_queued_reqs")
+    max_num_queued_tokens: int | None = _knob("max_num_queued_tokens")
+    long_prefill_token_threshold: int | None = _knob("long_prefill_token_threshold")
+    long_prefill_token_threshold_adaptive: bool | None = _knob("long_prefill_token_threshold_adaptive")
     extra_flags: list[str] = Field(default_factory=list,
                                    description="Other `vllm serve` flags, kept identical across runs.")
 
