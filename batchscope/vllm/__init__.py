@@ -1,1 +1,2 @@
-"""Every vLLM fact, once: its knobs, its metric catalogue and buckets, its /metrics reader and its log lines."""
+"""Every vLLM fact, once: its knobs, its metric catalogue and buckets, its /metrics reader, its log lines and its
+admission answers."""

@@ -36,3 +36,17 @@ def test_each_rule_is_checked_only_when_both_its_knobs_are_set():
     assert knobs.cross_knob_problem({"max_num_active_seqs": 9}) is None
     assert knobs.cross_knob_problem({"max_num_seqs": 8, "max_num_active_seqs": 8,
                                      "long_prefill_token_threshold": 512, "max_model_len": 512}) is None
+
+
+def test_an_admission_503_is_told_from_another_503_by_vllms_message():
+    import json
+
+    from batchscope.vllm import admission
+
+    for reason in admission.MESSAGES:
+        body = json.dumps(admission.error_body(reason))
+        assert admission.reason_of(503, body) == reason
+        assert admission.reason_of(500, body) is None
+    other = json.dumps({"error": {"message": "overloaded", "type": "ServiceUnavailable", "code": 503}})
+    for status, text in ((503, other), (503, "Service Unavailable"), (503, "[]"), (503, None), (503, '{"error": 1}')):
+        assert admission.reason_of(status, text) is None
