@@ -18,18 +18,21 @@ import numpy as np
 from batchscope.loadgen.figures.sketch import GapPool, GapSketch
 from batchscope.loadgen.figures.window import MeasurementWindow
 from batchscope.loadgen.stream import OUTCOMES, RequestRecord, refused_by_server
+from batchscope.vllm.catalogue import ADMISSION_REJECTION_REASONS
 
-FAILURES = tuple(o for o in OUTCOMES if o not in ("ok", "aborted"))  # aborted: the run's end cut them
+# aborted: the run's end cut them; rejected_busy: vLLM's admission policy at work, counted apart (self.rejected)
+FAILURES = tuple(o for o in OUTCOMES if o not in ("ok", "aborted", "rejected_busy"))
 
 
 class RunFigures:
-    """Window figures (completed, failed, latencies, tokens, offered arrivals) and whole-run ones (dispatch lag,
-    send and end times for peak concurrency, rejections)."""
+    """Window figures (completed, failed, rejected by vLLM's admission check, latencies, tokens, offered arrivals)
+    and whole-run ones (dispatch lag, send and end times for peak concurrency, refusals)."""
 
     def __init__(self, itl: GapPool | None = None) -> None:
         """``itl``: where the gaps are pooled, a GapSketch unless given (ExactGaps keeps them all)."""
         self.completed = 0
         self.failed = dict.fromkeys(FAILURES, 0)
+        self.rejected: dict[str, int] = dict.fromkeys(ADMISSION_REJECTION_REASONS, 0)  # rejected_busy, by reason
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
         self.itl: GapPool = GapSketch() if itl is None else itl
         self.output_tokens = 0.0  # tokens that arrived in the window, whatever became of their request
@@ -54,6 +57,8 @@ class RunFigures:
             return
         if record.outcome in self.failed:
             self.failed[record.outcome] += 1
+        if record.outcome == "rejected_busy" and record.reject_reason is not None:
+            self.rejected[record.reject_reason] = self.rejected.get(record.reject_reason, 0) + 1
         if record.outcome != "ok":
             return
         self.completed += 1

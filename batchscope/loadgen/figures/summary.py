@@ -30,7 +30,7 @@ from batchscope.loadgen.figures.window import final_window
 from batchscope.loadgen.spec import PoissonLoad, WorkloadSpec
 from batchscope.runs.provenance import Provenance
 
-SUMMARY_SCHEMA_VERSION = 2  # 2: window = requests that ended in it; offered rate; failure
+SUMMARY_SCHEMA_VERSION = 3  # 2: window = requests that ended in it; offered rate; failure; 3: admission rejections
 
 
 class Distribution(BaseModel):
@@ -74,11 +74,19 @@ class Summary(Provenance):
     outcomes: dict[str, int] = Field(description="Finished requests by outcome (warm-up included).")
     balanced: bool = Field(description="started == sum of outcomes: every request ended in exactly one outcome.")
     refused_arrivals: int = Field(description="Open-loop arrivals not sent (warm-up included): at the in-flight "
-                                  "cap, or while backing off after non-retryable HTTP errors, 429s or 503s.")
+                                  "cap, or while backing off after non-retryable HTTP errors, 429s or 503s (not "
+                                  "vLLM's admission 503s, which never back off).")
     window_start_s: float = Field(description="Measurement window start (the end of warm-up), Unix seconds.")
     completed: int = Field(description="Requests with outcome ok that ended in the measurement window.")
     failed: dict[str, int] = Field(description="Requests that ended in the window, by non-ok outcome (aborted "
-                                   "excluded: the run's end cut them).")
+                                   "excluded: the run's end cut them; rejected_busy excluded: admission_rejections).")
+    admission_rejections: dict[str, int] = Field(default_factory=dict, description=(
+        "Requests vLLM's admission check refused (outcome rejected_busy, HTTP 503 with vLLM's admission body) "
+        "that ended in the window, by reason (max_num_queued_reqs, max_num_queued_tokens): the server's policy "
+        "at work, so neither in failed nor in the failure rule."))
+    rejected_share: float | None = Field(None, description=(
+        "Those rejections / every request that ended in the window (completed + failed + rejected), 0-1; null "
+        "when none ended in it."))
     effective_duration_s: float = Field(description="Measurement window length, seconds.")
     completion_throughput_rps: float = Field(description="completed / effective_duration_s, requests/s.")
     target_rate_rps: float | None = Field(description="Poisson: the spec's arrival rate λ, requests/s.")
@@ -120,11 +128,14 @@ def summarize(spec: WorkloadSpec, figures: RunFigures, stats: ClientStats, gener
         offered = (figures.scheduled_in_window + refused_in_window) / duration
     lags = np.asarray(figures.dispatch_lags)
     outcomes = dict(stats.outcomes)
+    rejected = sum(figures.rejected.values())
+    ended = figures.completed + sum(figures.failed.values()) + rejected
     return Summary(
         run_id=run_id, host=host, started_at=datetime.fromtimestamp(start_s, UTC).isoformat(), spec=spec,
         started=stats.started, outcomes=outcomes, balanced=stats.started == sum(outcomes.values()),
         refused_arrivals=stats.refused, window_start_s=window.start_s, completed=figures.completed,
-        failed=dict(figures.failed), effective_duration_s=duration,
+        failed=dict(figures.failed), admission_rejections=dict(figures.rejected),
+        rejected_share=rejected / ended if ended else None, effective_duration_s=duration,
         completion_throughput_rps=figures.completed / duration, target_rate_rps=target_rate,
         offered_rate_rps=offered, output_tokens_per_s=figures.output_tokens / duration,
         total_tokens_per_s=(figures.output_tokens + figures.prompt_tokens) / duration,
@@ -142,7 +153,8 @@ def latencies(figures: RunFigures) -> dict[str, Distribution]:
 
 def failure_reason(spec: WorkloadSpec, figures: RunFigures) -> str | None:
     """One line saying why the run failed, or None: nothing completed in the window, or too large a share of
-    the requests that ended in it failed (aborted ones excluded: the run's end cut them, not the server)."""
+    the requests that ended in it failed (aborted ones excluded: the run's end cut them, not the server; and
+    admission rejections: the server's policy, reported on their own)."""
     completed, failed = figures.completed, figures.failed
     status = figures.rejected_throughout()
     if completed == 0 and figures.finished and status is not None:
@@ -152,7 +164,9 @@ def failure_reason(spec: WorkloadSpec, figures: RunFigures) -> str | None:
     failures = sum(failed.values())
     breakdown = ", ".join(f"{outcome} {count}" for outcome, count in failed.items() if count)
     if completed == 0:
-        return f"no request completed in the measurement window ({breakdown or 'none ended in it'})"
+        rejected = sum(figures.rejected.values())
+        ended = ", ".join(part for part in (breakdown, f"rejected_busy {rejected}" if rejected else "") if part)
+        return f"no request completed in the measurement window ({ended or 'none ended in it'})"
     fraction = failures / (completed + failures)
     if fraction > spec.max_failed_fraction:
         return (f"{failures} of {completed + failures} requests that ended in the window failed ({fraction:.0%} > "
@@ -166,6 +180,7 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
     head = Table(title=f"batchscope load {summary.run_id}: {summary.spec.scenario}", show_header=False)
     head.add_row("completed (ok, in window)", str(summary.completed))
     head.add_row("failed (ended in window)", ", ".join(f"{k} {v}" for k, v in summary.failed.items() if v) or "0")
+    head.add_row("rejected by vLLM's admission (in window)", rejections_line(summary))
     head.add_row("aborted at end", str(summary.outcomes["aborted"]))
     head.add_row("started / balanced", f"{summary.started} / {'yes' if summary.balanced else 'NO'}")
     head.add_row("effective duration (s)", f"{summary.effective_duration_s:.2f}")
@@ -188,6 +203,15 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
         cells = [getattr(dist, k) for k in ("mean", "p50", "p90", "p99")]
         latencies.add_row(name.upper(), str(dist.count), *("-" if v is None else f"{v * 1000:.2f}" for v in cells))
     console.print(latencies)
+
+
+def rejections_line(summary: Summary) -> str:
+    """The admission rejections by reason and their share of the requests that ended in the window."""
+    total = sum(summary.admission_rejections.values())
+    if not total:
+        return "0"
+    reasons = ", ".join(f"{reason} {count}" for reason, count in summary.admission_rejections.items() if count)
+    return f"{total} ({summary.rejected_share:.1%} of those ended): {reasons}"
 
 
 def generator_line(generator: GeneratorLoad) -> str:

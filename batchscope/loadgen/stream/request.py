@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from batchscope.loadgen.stream import framing, http
 from batchscope.loadgen.stream.http import Connection, Follow
 from batchscope.loadgen.stream.target import Target
+from batchscope.vllm import admission
 
-# 2: read_lag_s (a mean over the stream's reads) replaced first_read_lag_s; 3: retry_after_s
-RECORD_SCHEMA_VERSION = 3
+# 2: read_lag_s (a mean over the stream's reads) replaced first_read_lag_s; 3: retry_after_s; 4: rejected_busy,
+# reject_reason
+RECORD_SCHEMA_VERSION = 4
 OUTCOMES = ("ok", "http_error", "timeout", "connection_error", "truncated", "protocol_error", "length_mismatch",
-            "aborted")
+            "rejected_busy", "aborted")
 RETRYABLE_4XX = (408, 429)  # request timeout, too many requests: the same request may pass later
 THROTTLING = (429, 503)  # too many requests, unavailable: the server asks to come back later (Retry-After)
 MAX_EVENT_BYTES = 1 << 20  # one SSE event, 1 MiB: vLLM's token events are hundreds of bytes, a few KB with logprobs
@@ -68,6 +70,7 @@ class RequestRecord:
     error: str | None = None
     read_lag_s: float | None = None  # a read minus the kernel's receive time of its data, mean over the body's reads
     retry_after_s: float | None = None  # the wait an error answer's Retry-After asked for (uncapped), seconds
+    reject_reason: str | None = None  # rejected_busy: the queue limit vLLM's admission check named (admission.py)
     schema_version: int = RECORD_SCHEMA_VERSION
 
     @property
@@ -260,7 +263,10 @@ def _exchange(connection: Connection, target: Target, record: RequestRecord, ext
     if status != 200:
         record.retry_after_s = framing.retry_after_s(headers.get("retry-after"))
         body, _whole = connection.read_bounded(headers, MAX_ERROR_BODY_BYTES)  # closed when longer
-        return _finish(record, "http_error", error=body.decode("utf-8", "replace")[:200])
+        text = body.decode("utf-8", "replace")
+        record.reject_reason = admission.reason_of(status, text)
+        outcome = "http_error" if record.reject_reason is None else "rejected_busy"
+        return _finish(record, outcome, error=text[:200])
     if target.stream:
         return _read_stream(connection, headers, target, record, follow)
     body, whole = connection.read_bounded(headers, MAX_BODY_BYTES)

@@ -1,0 +1,75 @@
+"""vLLM's admission 503 as the load generator's outcome rejected_busy: told from any other 503 by its body, counted
+by reason in the window, apart from the failures and their rule; no processes."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from batchscope.loadgen.figures.summary import print_summary
+from batchscope.loadgen.run.control import RunControl
+from batchscope.loadgen.spec import load_spec
+from batchscope.loadgen.stream.request import OUTCOMES, RECORD_SCHEMA_VERSION, RequestRecord
+from batchscope.vllm import admission
+
+CLOSED = ["input_tokens=8", "output_tokens=4", "load.mode=concurrency", "load.concurrency=2", "warmup_s=10",
+          "duration_s=100", "max_failed_fraction=0.1"]
+
+
+def ok(i: int, end: float) -> RequestRecord:
+    return RequestRecord(request_id=str(i), worker=0, scheduled_s=end - 1, sent_s=end - 1, first_token_s=end - 0.9,
+                         last_token_s=end, end_s=end, ttft_s=0.1, tpot_s=0.01, e2e_s=1.0, itl_s=[0.3, 0.3, 0.3],
+                         prompt_tokens=8, output_tokens=4, outcome="ok")
+
+
+def rejected(i: int, end: float, reason: str = "max_num_queued_reqs") -> RequestRecord:
+    return RequestRecord(request_id=f"r{i}", worker=0, scheduled_s=end - 0.01, sent_s=end - 0.01, end_s=end,
+                         status=503, outcome="rejected_busy", reject_reason=reason,
+                         error=json.dumps(admission.error_body(reason)))
+
+
+def control() -> RunControl:
+    return RunControl(spec=load_spec(None, CLOSED), run_id="t", host="h", out_dir=None, request_stop=lambda: None,
+                      sender_count=lambda: 1, start_s=1000.0)
+
+
+def test_rejected_busy_is_an_outcome_of_its_own_in_a_new_record_schema():
+    assert "rejected_busy" in OUTCOMES and RECORD_SCHEMA_VERSION >= 4
+    assert RequestRecord(request_id="x", worker=0, scheduled_s=0.0).to_dict()["reject_reason"] is None
+
+
+def test_rejections_are_counted_by_reason_in_the_window_and_are_neither_failures_nor_the_failure_rule():
+    ctl = control()
+    records = [rejected(0, 1005.0),  # warm-up: an outcome, not in the window's figures
+               *(ok(i, 1020.0 + i) for i in range(4)),
+               *(rejected(i, 1030.0 + i) for i in range(1, 4)),
+               rejected(9, 1040.0, "max_num_queued_tokens")]
+    for record in records:
+        ctl.accept(record)
+    ctl.stop_s = 1110.0
+    summary = ctl.summary()
+    assert summary.outcomes["rejected_busy"] == 5 and summary.balanced is False  # nothing reported as started
+    assert summary.admission_rejections == {"max_num_queued_reqs": 3, "max_num_queued_tokens": 1}
+    assert "rejected_busy" not in summary.failed and sum(summary.failed.values()) == 0
+    assert summary.rejected_share == pytest.approx(4 / 8)
+    assert summary.failure is None  # half rejected, max_failed_fraction 10%: the policy at work is no failure
+    assert ctl.stats.good == 4  # a rejection is never good
+    out = io.StringIO()
+    print_summary(summary, Console(file=out, width=200))
+    assert "4 (50.0% of those ended): max_num_queued_reqs 3, max_num_queued_tokens 1" in out.getvalue()
+
+
+def test_a_run_that_completed_nothing_fails_even_when_all_it_got_were_rejections():
+    ctl = control()
+    for i in range(3):
+        ctl.accept(rejected(i, 1020.0 + i))
+    ctl.stop_s = 1110.0
+    summary = ctl.summary()
+    assert summary.rejected_share == 1.0
+    assert summary.failure == "no request completed in the measurement window (rejected_busy 3)"
+    empty = control()
+    empty.stop_s = 1110.0
+    assert empty.summary().rejected_share is None
