@@ -15,7 +15,7 @@ import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-from batchscope.vllm import catalogue
+from batchscope.vllm import admission, catalogue
 
 HEAD_LIMIT = 65536  # a request's head, bytes
 BODY_LIMIT = 1 << 20  # a request's body, bytes
@@ -28,7 +28,7 @@ METRICS = (f'# HELP {RUNNING.name} {RUNNING.help}\n# TYPE {RUNNING.name} gauge\n
 
 STREAM_MODES = ("ok", "chunk-negative", "chunk-nonhex", "chunk-huge", "error-body-endless", "event-endless",
                 "event-not-object", "choices-not-list", "usage-not-object", "events-after-done", "too-many-events",
-                "too-few-events", "retry-after-429", "storm-503", "stall", "redirect-models")
+                "too-few-events", "retry-after-429", "storm-503", "admission-503", "stall", "redirect-models")
 METRICS_MODES = ("metrics-huge", "metrics-endless", "metrics-hang", "metrics-drip", "metrics-no-charset")
 MODELS_MODES = ("models-huge",)  # /v1/models: a valid model card of HUGE_CARD_BYTES (an exporter's cap is 1 MiB)
 MODES = STREAM_MODES + METRICS_MODES + MODELS_MODES
@@ -260,5 +260,7 @@ STREAMS: dict[str, Stream] = {
         "message": "slow down", "type": "RateLimitError", "code": 429}}, {"Retry-After": "2"}), keep_open=True),
     "storm-503": lambda w, b: _write(w, json_reply("503 Service Unavailable", {"error": {
         "message": "overloaded", "type": "ServiceUnavailable", "code": 503}}), keep_open=True),
+    "admission-503": lambda w, b: _write(w, json_reply("503 Service Unavailable", admission.error_body(
+        "max_num_queued_reqs")), keep_open=True),  # vLLM's admission check refusing every request
     "stall": _stall,
 }

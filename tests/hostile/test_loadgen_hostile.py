@@ -46,6 +46,8 @@ CASES = {
     "too-few-events": (0, "ok", None),  # vLLM merges tokens into one event when its API server lags
     "retry-after-429": (4, "http_error", "slow down"),
     "storm-503": (4, "http_error", "overloaded"),
+    # vLLM's admission check refusing all: its own outcome, no back-off, and a run that completed nothing fails
+    "admission-503": (4, "rejected_busy", "The engine is currently busy"),
     "stall": (4, "timeout", "no complete response within 1.0 s"),
 }
 

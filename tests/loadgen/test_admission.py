@@ -1,20 +1,29 @@
 """vLLM's admission 503 as the load generator's outcome rejected_busy: told from any other 503 by its body, counted
-by reason in the window, apart from the failures and their rule; no processes."""
+by reason in the window, apart from the failures and their rule, and the sender's pause; no processes but a
+loopback server."""
 
 from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
 
 from batchscope.loadgen.figures.summary import print_summary
+from batchscope.loadgen.run import sender as sender_module
 from batchscope.loadgen.run.control import RunControl
+from batchscope.loadgen.run.sender import LoadRun
 from batchscope.loadgen.spec import load_spec
 from batchscope.loadgen.stream.request import OUTCOMES, RECORD_SCHEMA_VERSION, RequestRecord
+from batchscope.loadgen.stream.target import Target
+from batchscope.testkit.hostile import HostileServer
 from batchscope.vllm import admission
+from tests.loadgen.support import send, target_for
 
+TARGET = Target(url="http://127.0.0.1:9/v1/completions", headers={}, body={}, chat=False, stream=True,
+                prompt_tokens=8, output_tokens=4, timeout_s=5.0)
 CLOSED = ["input_tokens=8", "output_tokens=4", "load.mode=concurrency", "load.concurrency=2", "warmup_s=10",
           "duration_s=100", "max_failed_fraction=0.1"]
 
@@ -73,3 +82,30 @@ def test_a_run_that_completed_nothing_fails_even_when_all_it_got_were_rejections
     empty = control()
     empty.stop_s = 1110.0
     assert empty.summary().rejected_share is None
+
+
+def test_a_rejection_backs_off_no_sender_and_pauses_its_user_a_bounded_time(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(sender_module.time, "time", lambda: now[0])
+    load = LoadRun(load_spec(None, CLOSED), TARGET, run_id="r", worker_index=0, workers=1, on_record=lambda r: None)
+    for _ in range(5):
+        load._note_refusal(rejected(0, 1000.0))
+    assert load.backoff_until == 0.0  # the open loop's schedule and the other users go on
+    asked = [load.pause_after(replace(rejected(0, 1000.0), retry_after_s=wait)) for wait in (None, 0.01, 0.5, 60.0)]
+    assert asked == [sender_module.ADMISSION_PAUSE_S, sender_module.ADMISSION_PAUSE_S, 0.5,
+                     sender_module.ADMISSION_PAUSE_CAP_S]
+    assert load.pause_after(ok(1, 1000.0)) == 0.0
+    proxy = RequestRecord(request_id="p", worker=0, scheduled_s=0.0, outcome="http_error", status=503)
+    load._note_refusal(proxy)  # any other 503 backs the sender off, as before; a rejected user waits that out too
+    assert load.backoff_until == pytest.approx(1000.0 + sender_module.BACKOFF_BASE_S)
+    assert load.pause_after(rejected(0, 1000.0)) == pytest.approx(sender_module.ADMISSION_PAUSE_S)
+    load.backoff_until = 1003.0
+    assert load.pause_after(rejected(0, 1000.0)) == pytest.approx(3.0)
+
+
+def test_measure_tells_vllms_admission_503_from_any_other_by_its_body():
+    for mode, outcome, reason in (("admission-503", "rejected_busy", "max_num_queued_reqs"),
+                                  ("storm-503", "http_error", None)):
+        with HostileServer(mode) as server:
+            record = send(target_for(server.url))
+        assert (record.outcome, record.status, record.reject_reason) == (outcome, 503, reason)

@@ -5,7 +5,8 @@ controller adds them up, writes each record to records.jsonl as it arrives, and 
 the end it asks every sender to stop, waits (bounded) for their final reports, then lets Locust quit, so every
 started request is accounted for in the summary. A run whose first FAIL_FAST_REQUESTS requests were all refused
 with the same status ends there: a non-retryable 4xx (more of the same requests would only be rejected again), or
-a 429 or 503 the senders kept backing off from (sender.py) while the server kept refusing.
+a 429 or 503 the senders kept backing off from (sender.py) while the server kept refusing. vLLM's admission 503
+(rejected_busy) is no such refusal: its queue limit at work, the run goes on at its offered load.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ It sends requests for closed-loop users and for the open-loop dispatcher and cou
 records wait in an outbox until ``report()`` hands them to the controller (directly on a local runner, through
 Locust's worker reports otherwise). At the end, ``stop_now`` refuses new requests and aborts those in flight,
 so each ends as 'aborted'. A non-retryable 4xx, a 429 or a 503 backs the whole process off (docs/loadgen.md,
-"Back-off"); failed requests are logged by kind, rate-limited (faults.py).
+"Back-off"), but not vLLM's admission 503 (rejected_busy): the open loop keeps its schedule, and only the closed-loop
+user it answered pauses; failed requests are logged by kind, rate-limited (faults.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ RECONNECT_DELAY_S = 0.1  # a dead server: don't spin, but keep trying (and count
 BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 5.0  # how soon a fixed server (a key, a model loaded) is noticed again
 RETRY_AFTER_CAP_S = 30.0  # the longest Retry-After honoured: a server asking for more is asked again after this
+# a closed-loop user turned away by vLLM's admission check: at most 10 tries a second each, so it cannot spin at the
+# round trip's pace, and back within a fraction of a request's time once the queue drains (docs/loadgen.md, "Back-off")
+ADMISSION_PAUSE_S = 0.1
+ADMISSION_PAUSE_CAP_S = 1.0  # the longest Retry-After such a user honours: the load stays the spec's concurrency
 
 
 class LoadRun:
@@ -133,7 +138,11 @@ class LoadRun:
         """How long a closed-loop user waits before its next request, after ``record``."""
         if record.outcome == "connection_error":
             return RECONNECT_DELAY_S
-        return max(0.0, self.backoff_until - time.time())
+        backoff = max(0.0, self.backoff_until - time.time())
+        if record.outcome == "rejected_busy":  # this user only: the others' requests were not refused
+            asked = ADMISSION_PAUSE_S if record.retry_after_s is None else record.retry_after_s
+            return max(backoff, min(ADMISSION_PAUSE_CAP_S, max(ADMISSION_PAUSE_S, asked)))
+        return backoff
 
     def dispatch(self, start: float, end: float) -> None:
         """Open loop: release this worker's arrivals at their scheduled times until ``end``."""
