@@ -124,9 +124,11 @@ def _changed(key: str, old: Side, new: Side) -> tuple[str, str] | None:
 def _against_default(key: str, passed: str, default_first: bool) -> tuple[str, str] | None:
     """A knob passed on one side only, against vLLM's default on the other; None when the value passed is the
     default vLLM uses on every server (its effect is the same)."""
-    default = vllm_knobs.BY_NAME[key].default
+    knob = vllm_knobs.BY_NAME[key]
     try:
-        if default is not None and float(passed) == default:
+        # a switch reads "true" / "false" (parse_command's words for `--flag` / `--no-flag`), its default 0 or 1
+        value = float(passed == "true") if knob.switch else float(passed)
+        if knob.default is not None and value == knob.default:
             return None
     except ValueError:
         pass  # not a number: vLLM would refuse it, but it still differs from the default

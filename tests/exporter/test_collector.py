@@ -19,8 +19,10 @@ from batchscope.exporter.collector import BatchscopeCollector, ExporterSources, 
 from batchscope.exporter.config import ServingConfig
 from batchscope.exporter.docker_source import ContainerView, DockerSource
 from batchscope.runs.live_run import MAX_BYTES
+from batchscope.vllm.catalogue import ADMISSION_REJECTIONS
 from tests.conftest import free_port
 from tests.exporter.clock import Clock
+from tests.exporter.test_changes import Posted
 from tests.stubs import HttpStub, Reply, json_reply
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -193,6 +195,47 @@ def test_a_vllm_restart_with_the_same_configuration_is_a_change(upstream):
     upstream.vllm_text = VLLM_METRICS.replace("process_start_time_seconds 1.7e+09",
                                               "process_start_time_seconds 1.8e+09")
     assert registry.get_sample_value("batchscope_config_changes_total") == 1
+
+
+def test_a_restart_with_new_queue_knobs_is_one_change_annotated_with_their_diff(upstream, tmp_path):
+    """The tuner's restart: a new command file and a new start time at the same scrape are one change, whose
+    annotation is the diff (the adaptive switch as true / false, a knob passed for the first time against vLLM's
+    default), and the info metric carries the new values."""
+    command_file = tmp_path / "vllm-command"
+    command_file.write_text(f"vllm serve {MODEL} --max-num-queued-reqs 4 --no-long-prefill-token-threshold-adaptive")
+    posted = Posted()
+    collector = BatchscopeCollector(ExporterSources(vllm_url=upstream.vllm.url, timeout_s=2.0,
+                                                    vllm_command_file=command_file),
+                                    ChangeTracker(posted, clock=Clock(0.0)))
+    registry = registry_of(collector)
+    assert config_labels(registry)["long_prefill_token_threshold_adaptive"] == "false"
+    command_file.write_text(f"vllm serve {MODEL} --max-num-queued-reqs 8 --long-prefill-token-threshold-adaptive "
+                            "--max-num-queued-tokens 4096")
+    upstream.vllm_text = VLLM_METRICS.replace("process_start_time_seconds 1.7e+09",
+                                              "process_start_time_seconds 1.8e+09")
+    labels = config_labels(registry)
+    assert (labels["max_num_queued_reqs"], labels["max_num_queued_tokens"],
+            labels["long_prefill_token_threshold_adaptive"]) == ("8", "4096", "true")
+    assert registry.get_sample_value("batchscope_config_changes_total") == 1
+    assert [text for text, _, _ in posted.posts] == [
+        "max_num_queued_reqs: 4 → 8; max_num_queued_tokens: vLLM default → 4096; "
+        "long_prefill_token_threshold_adaptive: false → true"]
+
+
+def test_vllm_032s_admission_rejections_pass_through_by_reason(upstream):
+    """vLLM 0.32's counter of requests its API server refused (503), as a real server exposes it."""
+    fixture = (Path(__file__).parent.parent / "fixtures" / "vllm-0.32-cpu-metrics.txt").read_text()
+    rejected = {"max_num_queued_reqs": 17.0, "max_num_queued_tokens": 3.0}
+    for reason, count in rejected.items():
+        series = f'{ADMISSION_REJECTIONS.exposed_name}{{model_name="tiny-llama",reason="{reason}"}}'
+        fixture = fixture.replace(f"{series} 0.0", f"{series} {count}")
+    upstream.vllm_text = fixture
+    registry = registry_of(collector_for(upstream))
+    for reason, count in rejected.items():
+        assert registry.get_sample_value(ADMISSION_REJECTIONS.exposed_name,
+                                         {"model_name": "tiny-llama", "reason": reason}) == count
+    [family] = [f for f in registry.collect() if f.name == ADMISSION_REJECTIONS.name]
+    assert (family.type, family.documentation) == ("counter", ADMISSION_REJECTIONS.help)
 
 
 def test_an_unreadable_command_file_falls_back_on_the_command_without_showing_the_file(upstream, tmp_path, caplog):

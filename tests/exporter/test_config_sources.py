@@ -75,6 +75,44 @@ def test_a_knob_newly_passed_or_left_out_is_a_change_against_vllms_default():
         "other_flags: none → enforce_eager=true"]
 
 
+QUEUE_KNOBS = ("vllm serve m --max-num-seqs 16 --max-num-active-seqs 8 --max-num-queued-reqs 4 "
+               "--max-num-queued-tokens 4096 --long-prefill-token-threshold 256")
+
+
+def test_the_queue_knobs_are_labels_of_their_own_and_a_switch_reads_true_or_false():
+    labels = parse_command(QUEUE_KNOBS + " --long-prefill-token-threshold-adaptive").labels()
+    assert {key: labels[key] for key in ("max_num_active_seqs", "max_num_queued_reqs", "max_num_queued_tokens",
+                                         "long_prefill_token_threshold", "long_prefill_token_threshold_adaptive")} \
+        == {"max_num_active_seqs": "8", "max_num_queued_reqs": "4", "max_num_queued_tokens": "4096",
+            "long_prefill_token_threshold": "256", "long_prefill_token_threshold_adaptive": "true"}
+    assert labels["other_flags"] == ""  # none of them, nor the switch's off form, is another flag
+    off = parse_command("vllm serve m --no-long-prefill-token-threshold-adaptive")
+    assert (off.long_prefill_token_threshold_adaptive, off.other_flags) == ("false", {})
+    assert parse_command("vllm serve m --long_prefill_token_threshold_adaptive").long_prefill_token_threshold_adaptive \
+        == "true"
+
+
+def test_the_queue_knobs_diff_like_the_others():
+    before = parse_command(QUEUE_KNOBS)
+    after = parse_command(QUEUE_KNOBS.replace("--max-num-queued-reqs 4", "--max-num-queued-reqs 8")
+                          + " --long-prefill-token-threshold-adaptive")
+    assert after.diff(before) == ["max_num_queued_reqs: 4 → 8",
+                                  "long_prefill_token_threshold_adaptive: vLLM default → true"]
+    off = parse_command(QUEUE_KNOBS + " --no-long-prefill-token-threshold-adaptive")
+    assert off.diff(after) == ["max_num_queued_reqs: 8 → 4", "long_prefill_token_threshold_adaptive: true → false"]
+    # the switch's off form is vLLM's default, and so is a threshold of 0: passing either changes nothing
+    assert off.diff(before) == [] and before.diff(off) == []
+    assert parse_command(QUEUE_KNOBS + " --long-prefill-token-threshold-adaptive").diff(before) == [
+        "long_prefill_token_threshold_adaptive: vLLM default → true"]
+    plain = parse_command("vllm serve m")
+    assert parse_command("vllm serve m --long-prefill-token-threshold 0").diff(plain) == []
+    # no limit is vLLM's default for the admission knobs: any value passed, 0 included (refuse all), is a change
+    assert parse_command("vllm serve m --max-num-queued-tokens 0").diff(plain) == [
+        "max_num_queued_tokens: vLLM default → 0"]
+    assert plain.diff(parse_command("vllm serve m --max-num-active-seqs 8")) == [
+        "max_num_active_seqs: 8 → vLLM default"]
+
+
 def test_a_knob_only_one_side_knows_without_a_command_line_is_still_no_change():
     """The command line left a knob out on both sides: vLLM's answer arriving at one scrape only (block_size from
     cache_config_info, max_model_len from /v1/models) is a source answering, not a change."""
