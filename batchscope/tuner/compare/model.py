@@ -57,8 +57,10 @@ class ParamChange(BaseModel):
     """A serving parameter that differs from the baseline."""
 
     name: str = Field(description="Parameter (one of tuner.plan.TUNABLE, or 'extra_flags').")
-    baseline: int | float | str | None = Field(description="Its baseline value (None: not passed, vLLM's default).")
-    value: int | float | str | None = Field(description="Its value in this setting (None as above).")
+    # bool first: a switch's true stays true (pydantic would make it 1 as an int)
+    baseline: bool | int | float | str | None = Field(description="Its baseline value (None: not passed, vLLM's "
+                                                      "default).")
+    value: bool | int | float | str | None = Field(description="Its value in this setting (None as above).")
 
     def arrow(self) -> str:
         """'2048 → 8192', or 'vLLM default → 32' for a knob the baseline leaves unset."""

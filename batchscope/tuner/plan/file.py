@@ -45,12 +45,14 @@ class Variation(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN,
                       description="Run name (a folder under results/<plan>/).")
-    set: dict[str, int | float] = Field(description="Parameters changed from the baseline, e.g. {max_num_seqs: 32}.")
+    # bool first: a switch's `true` stays true in plan.json (pydantic would make it 1 as an int)
+    set: dict[str, bool | int | float] = Field(description="Parameters changed from the baseline, e.g. "
+                                               "{max_num_seqs: 32}; a switch takes true or false.")
     combination: bool = Field(False, description="Allow more than one changed parameter (not one-knob).")
 
     @field_validator("set")
     @classmethod
-    def _known_parameters(cls, values: dict[str, int | float]) -> dict[str, int | float]:
+    def _known_parameters(cls, values: dict[str, bool | int | float]) -> dict[str, bool | int | float]:
         unknown = sorted(set(values) - set(TUNABLE))
         if unknown:
             raise ValueError(f"unknown parameter {unknown[0]} (allowed: {', '.join(TUNABLE)})")

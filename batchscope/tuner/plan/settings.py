@@ -6,7 +6,15 @@ from __future__ import annotations
 import shlex
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from batchscope.inputs.secrets import mask_argv, mask_command
 from batchscope.vllm import knobs as vllm_knobs
@@ -44,6 +52,19 @@ class ServingParams(BaseModel):
     long_prefill_token_threshold_adaptive: bool | None = _knob("long_prefill_token_threshold_adaptive")
     extra_flags: list[str] = Field(default_factory=list,
                                    description="Other `vllm serve` flags, kept identical across runs.")
+
+    @field_validator(*TUNABLE, mode="before")
+    @classmethod
+    def _switch_or_number(cls, value: object, info: ValidationInfo) -> object:
+        # pydantic would take `true` for 1 and 1 for `true`: a switch is written true/false, a number as a number
+        if value is None:
+            return value
+        if vllm_knobs.BY_NAME[info.field_name or ""].switch:
+            if not isinstance(value, bool):
+                raise ValueError("is a switch: true or false")
+        elif isinstance(value, bool):
+            raise ValueError("must be a number, not true or false")
+        return value
 
     @model_validator(mode="after")
     def _vllm_rules(self) -> ServingParams:
