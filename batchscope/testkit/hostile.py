@@ -28,7 +28,8 @@ METRICS = (f'# HELP {RUNNING.name} {RUNNING.help}\n# TYPE {RUNNING.name} gauge\n
 
 STREAM_MODES = ("ok", "chunk-negative", "chunk-nonhex", "chunk-huge", "error-body-endless", "event-endless",
                 "event-not-object", "choices-not-list", "usage-not-object", "events-after-done", "too-many-events",
-                "too-few-events", "retry-after-429", "storm-503", "admission-503", "stall", "redirect-models")
+                "too-few-events", "retry-after-429", "storm-503", "admission-503", "admission-event",
+                "stall", "redirect-models")
 METRICS_MODES = ("metrics-huge", "metrics-endless", "metrics-hang", "metrics-drip", "metrics-no-charset")
 MODELS_MODES = ("models-huge",)  # /v1/models: a valid model card of HUGE_CARD_BYTES (an exporter's cap is 1 MiB)
 MODES = STREAM_MODES + METRICS_MODES + MODELS_MODES
@@ -262,5 +263,8 @@ STREAMS: dict[str, Stream] = {
         "message": "overloaded", "type": "ServiceUnavailable", "code": 503}}), keep_open=True),
     "admission-503": lambda w, b: _write(w, json_reply("503 Service Unavailable", admission.error_body(
         "max_num_queued_reqs")), keep_open=True),  # vLLM's admission check refusing every request
+    # ... and refusing it once the stream began (its second check, as it adds the request to the engine)
+    "admission-event": lambda w, b: _write(w, STREAM_HEAD + event(admission.error_body("max_num_queued_reqs"))
+                                           + DONE, keep_open=True),
     "stall": _stall,
 }

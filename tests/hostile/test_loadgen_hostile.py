@@ -48,6 +48,7 @@ CASES = {
     "storm-503": (4, "http_error", "overloaded"),
     # vLLM's admission check refusing all: its own outcome, no back-off, and a run that completed nothing fails
     "admission-503": (4, "rejected_busy", "The engine is currently busy"),
+    "admission-event": (4, "rejected_busy", "The engine is currently busy"),
     "stall": (4, "timeout", "no complete response within 1.0 s"),
 }
 

@@ -11,12 +11,13 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
+from batchscope.loadgen.adapter.llm_tab import rejection_rows
 from batchscope.loadgen.figures.summary import print_summary
 from batchscope.loadgen.run import sender as sender_module
 from batchscope.loadgen.run.control import RunControl
 from batchscope.loadgen.run.sender import LoadRun
 from batchscope.loadgen.spec import load_spec
-from batchscope.loadgen.stream.request import OUTCOMES, RECORD_SCHEMA_VERSION, RequestRecord
+from batchscope.loadgen.stream.request import OUTCOMES, RECORD_SCHEMA_VERSION, RequestRecord, TokenStream
 from batchscope.loadgen.stream.target import Target
 from batchscope.testkit.hostile import HostileServer
 from batchscope.vllm import admission
@@ -105,7 +106,30 @@ def test_a_rejection_backs_off_no_sender_and_pauses_its_user_a_bounded_time(monk
 
 def test_measure_tells_vllms_admission_503_from_any_other_by_its_body():
     for mode, outcome, reason in (("admission-503", "rejected_busy", "max_num_queued_reqs"),
+                                  ("admission-event", "rejected_busy", "max_num_queued_reqs"),
                                   ("storm-503", "http_error", None)):
         with HostileServer(mode) as server:
             record = send(target_for(server.url))
         assert (record.outcome, record.status, record.reject_reason) == (outcome, 503, reason)
+
+
+def test_the_prefill_backlog_is_the_prompts_sent_and_not_answered_yet():
+    load = LoadRun(load_spec(None, CLOSED), TARGET, run_id="r", worker_index=0, workers=1, on_record=lambda r: None)
+    waiting = RequestRecord(request_id="w", worker=0, scheduled_s=0.0, sent_s=1.0)
+    answering = RequestRecord(request_id="a", worker=0, scheduled_s=0.0, sent_s=1.0)
+    unsent = RequestRecord(request_id="u", worker=0, scheduled_s=0.0)
+    for record in (waiting, answering, unsent):
+        load._active[record.request_id] = (record, None)
+    stream = TokenStream(chat=False, record=answering)
+    stream.feed(b'data: {"choices":[{"text":"x"}]}\n\n', 2.0)  # its first token: out of the backlog at once
+    assert answering.first_token_s == 2.0
+    assert load.prefill_backlog_tokens == TARGET.prompt_tokens == load.report().prefill_backlog_tokens
+
+
+def test_the_llm_tab_shows_the_windows_rejections_their_rate_and_share():
+    ctl = control()
+    for record in (ok(0, 1020.0), rejected(1, 1021.0), rejected(2, 1022.0, "max_num_queued_tokens")):
+        ctl.accept(record)
+    assert {r["figure"]: r["value"] for r in rejection_rows(ctl, measured=4.0)} == {
+        "rejected by admission (in window)": "2 (max_num_queued_reqs 1, max_num_queued_tokens 1)",
+        "rejection rate (req/s)": "0.500", "rejected share (of ended in window)": "66.7%"}

@@ -5,9 +5,12 @@ other 503 still backed off (docs/loadgen.md, "Back-off")."""
 from __future__ import annotations
 
 import asyncio
+import csv
+import json
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from batchscope.testkit.hostile import DONE, STREAM_HEAD, HostileServer, Writer, event, json_reply, token, usage
 from batchscope.vllm import admission
@@ -81,6 +84,24 @@ def test_a_closed_loop_over_the_cap_counts_each_rejection_and_pauses_only_the_us
     # a 0.1 s pause sends several a second (loose: 2 shared cores)
     per_user_per_s = len(records) / users / (sends[-1] - sends[0])
     assert 3 < per_user_per_s <= 10.5, per_user_per_s
+    assert_shown_apart(result, server.refused)
+
+
+def assert_shown_apart(result, refused: int) -> None:
+    """The client /metrics and Locust's tables count the rejections on their own, not among the errors."""
+    text = (result.out_dir / "metrics.prom").read_text()
+    samples = {(s.name, s.labels.get("reason") or s.labels.get("outcome")): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("batchscope_client_admission_rejections_total", "max_num_queued_reqs")] == refused
+    assert samples[("batchscope_client_requests_total", "rejected_busy")] == refused
+    assert samples[("batchscope_client_prefill_backlog_tokens", None)] == 0  # nothing in flight at the end
+    entries = {(e["method"], e["name"]): e for e in json.loads((result.out_dir / "locust_stats.json").read_text())}
+    assert entries[("REJECTED", "default")]["num_requests"] == entries[("REJECTED", "default")]["num_failures"] \
+        == refused
+    assert entries[("REQUEST", "default")]["num_failures"] == 0
+    with open(result.out_dir / "locust_failures.csv") as table:
+        failures = {row["Error"]: int(row["Occurrences"]) for row in csv.DictReader(table)}
+    assert failures == {"OutcomeError('rejected_busy max_num_queued_reqs')": refused}, failures
 
 
 def schedule(rate: float, seed: int, span_s: float) -> np.ndarray:

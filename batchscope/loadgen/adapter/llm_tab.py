@@ -311,7 +311,19 @@ def throughput_rows(ctl: RunControl, window: Window) -> list[dict[str, str]]:
         row("throughput", "completed (ok, in window)", window.completed),
         row("throughput", "completion throughput (req/s)", f"{window.completed / measured:.3f}"),
         row("throughput", "output tokens/s (completed requests)", f"{window.output_tokens / measured:.1f}"),
+        *rejection_rows(ctl, measured),
     ]
+
+
+def rejection_rows(ctl: RunControl, measured: float) -> list[dict[str, str]]:
+    """vLLM's admission rejections that ended in the window (the summary's admission_rejections), their rate and
+    their share of the requests that ended there (rejected_share)."""
+    figures = ctl.figures
+    rejected, share = sum(figures.rejected.values()), figures.rejected_share()
+    reasons = ", ".join(f"{reason} {count}" for reason, count in figures.rejected.items() if count)
+    return [row("throughput", "rejected by admission (in window)", f"{rejected} ({reasons})" if reasons else "0"),
+            row("throughput", "rejection rate (req/s)", f"{rejected / measured:.3f}"),
+            row("throughput", "rejected share (of ended in window)", "-" if share is None else f"{share:.1%}")]
 
 
 def request_rows(ctl: RunControl) -> list[dict[str, str]]:

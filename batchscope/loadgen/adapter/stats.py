@@ -1,8 +1,10 @@
 """Feeding finished requests into Locust's own statistics, off the hot path, so that its header and tables agree
 with ours.
 
-Only the REQUEST row goes through request events (Locust's header and "Aggregated" row add those up): one per
-request that ended, failed when its outcome is a failure, none for one the run's end cut (``aborted``). The
+Only the REQUEST and REJECTED rows go through request events (Locust's header and "Aggregated" row add those up):
+one per request that ended, failed when its outcome is a failure, none for one the run's end cut (``aborted``); a
+request vLLM's admission check refused (``rejected_busy``) is a failed REJECTED one, named by its reason, so the
+REQUEST row's failures are errors only and the rejections have their count and rate on a row of their own. The
 latency rows (TTFT, TPOT, E2E) are logged into their own entries; per-token gaps are not requests and stay out.
 Records queue here and a greenlet feeds them to Locust when the event loop is idle (a burst of endings must not
 delay other streams' reads); ``flush`` empties the queue at the end.
@@ -53,10 +55,12 @@ class DeferredRequestEvents:
             return  # the run's end cut it: not a request Locust should count, nor a failure
         context = {"output_tokens": record.output_tokens, "request_id": record.request_id}
         total = ((record.end_s or record.scheduled_s) - record.scheduled_s) * 1000
-        failure = None
-        if record.outcome != "ok":
+        kind, failure = "REQUEST", None
+        if record.outcome == "rejected_busy":
+            kind, failure = "REJECTED", OutcomeError(f"rejected_busy {record.reject_reason}")
+        elif record.outcome != "ok":
             failure = OutcomeError(record.outcome if record.status in (None, 200) else f"http {record.status}")
-        self._environment.events.request.fire(request_type="REQUEST", name=self._name, response_time=total,
+        self._environment.events.request.fire(request_type=kind, name=self._name, response_time=total,
                                               response_length=0, context=context, exception=failure)
         if failure is not None:
             return

@@ -86,6 +86,13 @@ class RunFigures:
             self.rejections[record.status] = self.rejections.get(record.status, 0) + 1
             self.rejection_detail.setdefault(record.status, record.error or "")
 
+    def rejected_share(self) -> float | None:
+        """vLLM's admission rejections / every request that ended in the window (completed + failed + rejected);
+        None when none did."""
+        rejected = sum(self.rejected.values())
+        ended = self.completed + sum(self.failed.values()) + rejected
+        return rejected / ended if ended else None
+
     def rejected_throughout(self) -> int | None:
         """The refusing status (request.refused_by_server) every finished request got, if one did (and at least one
         finished)."""

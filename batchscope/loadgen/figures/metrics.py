@@ -22,6 +22,7 @@ from batchscope.loadgen.spec import SloTargets, WorkloadSpec
 from batchscope.loadgen.stream import OUTCOMES, RequestRecord
 from batchscope.stats.histogram import Histogram, merged_bounds
 from batchscope.vllm.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from batchscope.vllm.catalogue import ADMISSION_REJECTION_REASONS, ADMISSION_REJECTIONS
 
 DEFAULT_METRICS_PORT = 9646  # where the master (or local process) serves the merged client metrics
 FINE_LATENCY = (0.0025, 0.0075, 0.015, 0.03, 0.05, 0.15, 0.2, 0.3, 0.4)
@@ -71,10 +72,15 @@ class ClientStats:
         self.refused = 0
         self.prompt_tokens = 0
         self.output_tokens = 0
+        self.admission_rejections = dict.fromkeys(ADMISSION_REJECTION_REASONS, 0)  # rejected_busy by reason
+        self.prefill_backlog_tokens = 0  # live, as the senders last reported it
 
     def observe(self, record: RequestRecord, in_window: bool = True) -> None:
         """Account one finished request; its latencies only if it is ok and ``in_window`` (summary.in_window)."""
         self.outcomes[record.outcome] += 1
+        if record.outcome == "rejected_busy" and record.reject_reason is not None:
+            reason = record.reject_reason
+            self.admission_rejections[reason] = self.admission_rejections.get(reason, 0) + 1
         self.prompt_tokens += record.prompt_tokens or 0
         self.output_tokens += record.output_tokens or 0
         if record.dispatch_lag_s is not None:
@@ -118,12 +124,13 @@ class ClientMetricsCollector(Collector):
             family.add_metric(labels, histogram.cumulative(), sum_value=histogram.sum)
             yield family
         outcomes = CounterMetricFamily("batchscope_client_requests",
-                                       "Finished requests by outcome (ok, http_error, timeout, connection_error, "
-                                       "truncated, protocol_error, length_mismatch, aborted).",
+                                       f"Finished requests by outcome ({', '.join(OUTCOMES)}); rejected_busy: "
+                                       "refused by vLLM's admission check (HTTP 503), no error of the server's.",
                                        labels=[*names, "outcome"])
         for outcome, count in stats.outcomes.items():
             outcomes.add_metric([*labels, outcome], count)
         yield outcomes
+        yield from _admission(stats, names, labels)
         yield _counter("batchscope_client_requests_started", "Requests started (sent or about to be sent).",
                        names, labels, stats.started)
         yield _counter("batchscope_client_arrivals_refused", "Open-loop arrivals not sent: at the in-flight cap, "
@@ -149,6 +156,20 @@ class ClientMetricsCollector(Collector):
         yield info
         if self._generator is not None:
             yield from _saturation(self._generator(), names, labels)
+
+
+def _admission(stats: ClientStats, names: list[str], labels: list[str]) -> Iterator[Metric]:
+    rejected = CounterMetricFamily("batchscope_client_admission_rejections", "Requests refused by vLLM's admission "
+                                   "check (an HTTP 503 with its body: outcome rejected_busy), by reason, as "
+                                   f"{ADMISSION_REJECTIONS.name}_total counts them.", labels=[*names, "reason"])
+    for reason, count in stats.admission_rejections.items():
+        rejected.add_metric([*labels, reason], count)
+    yield rejected
+    backlog = GaugeMetricFamily("batchscope_client_prefill_backlog_tokens", "Prompt tokens of the requests sent "
+                                "that have no first token yet: the client's view of what vLLM's "
+                                "--max-num-queued-tokens caps (every prompt still in prefill, whole).", labels=names)
+    backlog.add_metric(labels, stats.prefill_backlog_tokens)
+    yield backlog
 
 
 def _saturation(generator: GeneratorLoad, names: list[str], labels: list[str]) -> Iterator[Metric]:

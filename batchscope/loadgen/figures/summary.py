@@ -128,14 +128,12 @@ def summarize(spec: WorkloadSpec, figures: RunFigures, stats: ClientStats, gener
         offered = (figures.scheduled_in_window + refused_in_window) / duration
     lags = np.asarray(figures.dispatch_lags)
     outcomes = dict(stats.outcomes)
-    rejected = sum(figures.rejected.values())
-    ended = figures.completed + sum(figures.failed.values()) + rejected
     return Summary(
         run_id=run_id, host=host, started_at=datetime.fromtimestamp(start_s, UTC).isoformat(), spec=spec,
         started=stats.started, outcomes=outcomes, balanced=stats.started == sum(outcomes.values()),
         refused_arrivals=stats.refused, window_start_s=window.start_s, completed=figures.completed,
         failed=dict(figures.failed), admission_rejections=dict(figures.rejected),
-        rejected_share=rejected / ended if ended else None, effective_duration_s=duration,
+        rejected_share=figures.rejected_share(), effective_duration_s=duration,
         completion_throughput_rps=figures.completed / duration, target_rate_rps=target_rate,
         offered_rate_rps=offered, output_tokens_per_s=figures.output_tokens / duration,
         total_tokens_per_s=(figures.output_tokens + figures.prompt_tokens) / duration,

@@ -45,6 +45,7 @@ class SenderState:
     started: int = 0
     refused: int = 0
     in_flight: int = 0
+    prefill_backlog_tokens: int = 0
     final: bool = False
 
 
@@ -111,11 +112,13 @@ class RunControl:
         self.refused_s.extend(report.refused_s)
         self.received += len(report.records)
         state.started, state.refused, state.in_flight = report.started, report.refused, report.in_flight
+        state.prefill_backlog_tokens = report.prefill_backlog_tokens
         state.final = state.final or report.final
         if self.start_s is not None:
             self.saturation.note_cpu(sender, report.at_s, report.cpu_s, self.window().start_s)
         self.stats.started = sum(s.started for s in self.senders.values())
         self.stats.refused = sum(s.refused for s in self.senders.values())
+        self.stats.prefill_backlog_tokens = sum(s.prefill_backlog_tokens for s in self.senders.values())
 
     def drain(self, limit: int | None = None) -> bool:
         """Store up to ``limit`` queued records (all by default): metrics, records.jsonl, the summary's list.

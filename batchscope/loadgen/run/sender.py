@@ -88,6 +88,13 @@ class LoadRun:
     def in_flight(self) -> int:
         return len(self._active)
 
+    @property
+    def prefill_backlog_tokens(self) -> int:
+        """Prompt tokens of the requests sent that have no first token yet: the client's view of what vLLM's
+        max_num_queued_tokens counts (every prompt still in prefill, whole)."""
+        return sum(self.target.prompt_tokens for record, _ in self._active.values()
+                   if record.sent_s is not None and record.first_token_s is None)
+
     def start_delay(self) -> float:
         """How long the next closed-loop user of this process waits before its first request (ramp-up)."""
         load = self.spec.load
@@ -171,7 +178,8 @@ class LoadRun:
         records, self._outbox = self._outbox, []
         refused_s, self._refused_s = self._refused_s, []
         return SenderReport(records=records, started=self.started, refused=self.refused, refused_s=refused_s,
-                            in_flight=self.in_flight, final=final, at_s=time.time(), cpu_s=time.process_time())
+                            in_flight=self.in_flight, prefill_backlog_tokens=self.prefill_backlog_tokens,
+                            final=final, at_s=time.time(), cpu_s=time.process_time())
 
     def stop_now(self, timeout_s: float = 10.0) -> None:
         """Refuse new requests and abort those in flight (each is delivered as 'aborted')."""

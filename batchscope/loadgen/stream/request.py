@@ -88,8 +88,9 @@ class RequestRecord:
 class TokenStream:
     """Per-request SSE bookkeeping: events cut out of the body as it arrives, token chunk times, usage, [DONE]."""
 
-    def __init__(self, chat: bool) -> None:
+    def __init__(self, chat: bool, record: RequestRecord | None = None) -> None:
         self.chat = chat
+        self.record = record  # its first_token_s is set as the first token arrives: the live prefill backlog
         self._key = b'"content":"' if chat else b'"text":"'
         self._partial: list[bytes] = []  # the start of an event whose blank line has not arrived yet, in parts
         self._partial_bytes = 0
@@ -100,6 +101,7 @@ class TokenStream:
         self.done = False
         self.error: str | None = None
         self.error_code: int | None = None  # an error event's code (vLLM's: the HTTP status it stands for)
+        self.error_body: str | None = None  # the error event as an error answer's body: {"error": {...}}
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Body bytes that arrived at ``now``: every event they complete is read (an event may span reads,
@@ -178,6 +180,8 @@ class TokenStream:
     def _token(self, now: float) -> None:
         if self.first is None:
             self.first = now
+            if self.record is not None:
+                self.record.first_token_s = now
         else:
             self.gaps.append(now - self.last)
         self.last = now
@@ -194,6 +198,7 @@ class TokenStream:
         fields = error if isinstance(error, dict) else {}
         code = fields.get("code")
         self.error = str(fields.get("message", error))[:200]
+        self.error_body = json.dumps({"error": error})
         if isinstance(code, int) and 400 <= code <= 599:
             self.error_code = code
 
@@ -264,9 +269,7 @@ def _exchange(connection: Connection, target: Target, record: RequestRecord, ext
         record.retry_after_s = framing.retry_after_s(headers.get("retry-after"))
         body, _whole = connection.read_bounded(headers, MAX_ERROR_BODY_BYTES)  # closed when longer
         text = body.decode("utf-8", "replace")
-        record.reject_reason = admission.reason_of(status, text)
-        outcome = "http_error" if record.reject_reason is None else "rejected_busy"
-        return _finish(record, outcome, error=text[:200])
+        return _finish(record, _refused(record, status, text), error=text[:200])
     if target.stream:
         return _read_stream(connection, headers, target, record, follow)
     body, whole = connection.read_bounded(headers, MAX_BODY_BYTES)
@@ -278,7 +281,7 @@ def _exchange(connection: Connection, target: Target, record: RequestRecord, ext
 
 def _read_stream(connection: Connection, headers: dict[str, str], target: Target, record: RequestRecord,
                  follow: Follow | None) -> RequestRecord:
-    stream = TokenStream(target.chat)
+    stream = TokenStream(target.chat, record)
     try:  # timings are kept even when the stream breaks, times out or is aborted
         # each piece timed by when its bytes arrived, not when a greenlet got to them
         connection.read_body(headers, stream.feed, follow)
@@ -287,13 +290,22 @@ def _read_stream(connection: Connection, headers: dict[str, str], target: Target
         record.read_lag_s = connection.read_lag_s()
     if stream.error_code is not None:  # answered as if by HTTP: rejected() and the back-off see the code
         record.status = stream.error_code
-        return _finish(record, "http_error", error=stream.error)
+        return _finish(record, _refused(record, stream.error_code, stream.error_body), error=stream.error)
     if stream.error:
         return _finish(record, "truncated", error=stream.error)
     if not stream.done or stream.usage is None or stream.first is None:
         missing = "[DONE]" if not stream.done else "usage" if stream.usage is None else "tokens"
         return _finish(record, "truncated", error=f"stream ended without {missing}")
     return _check_usage(record, target, stream.usage, events=len(stream.gaps) + 1)
+
+
+def _refused(record: RequestRecord, status: int, body: str | None) -> str:
+    """The outcome of an error answer: rejected_busy (its reason noted) when vLLM's admission check refused the
+    request, http_error otherwise. vLLM checks admission before it starts the answer (an HTTP 503), and again as
+    it adds the request to the engine (AsyncLLM._add_request): a request that lost that race gets a 200 stream
+    whose one event is the same error, code 503."""
+    record.reject_reason = admission.reason_of(status, body)
+    return "http_error" if record.reject_reason is None else "rejected_busy"
 
 
 def _read_body(body: bytes, target: Target, record: RequestRecord) -> RequestRecord:
