@@ -6,20 +6,21 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from types import SimpleNamespace
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
 
+from batchscope.loadgen import MeasurementWindow, RequestRecord, counted
 from batchscope.tuner.plan import Plan, Slos
 from batchscope.tuner.plan.order import plan_runs
 from batchscope.tuner.results.signals import (
     MetricsPoint,
     cache_config,
-    good_requests,
+    good_count,
     parse_metrics,
-    request_samples,
+    read_records,
+    samples_of,
     server_report,
     server_signals,
 )
@@ -131,8 +132,7 @@ def test_request_samples_keep_a_tpot_of_zero(tmp_path):
     rows = [{"request_id": f"r{n}", "worker": 0, "scheduled_s": 10.0 + n, "end_s": 11.0 + n, "ttft_s": 0.1,
              "e2e_s": 0.2, "tpot_s": tpot, "outcome": "ok"} for n, tpot in enumerate((0.0, 0.01, None))]
     records.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
-    window = SimpleNamespace(window_start_s=0.0, effective_duration_s=100.0)
-    assert request_samples(records, window).tpot_s == [0.0, 0.01]
+    assert samples_of(window_records(records, MeasurementWindow(0.0, 100.0))).tpot_s == [0.0, 0.01]
 
 
 def test_goodput_counts_each_window_request_by_its_own_ttft_and_tpot(tmp_path):
@@ -144,9 +144,14 @@ def test_goodput_counts_each_window_request_by_its_own_ttft_and_tpot(tmp_path):
     rows = [{"request_id": f"r{n}", "worker": 0, "scheduled_s": end - 1, "end_s": end, "ttft_s": ttft, "e2e_s": 1.0,
              "tpot_s": tpot, "outcome": outcome} for n, (ttft, tpot, outcome, end) in enumerate(cases)]
     records.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
-    window = SimpleNamespace(window_start_s=0.0, effective_duration_s=100.0)
-    assert good_requests(records, window, Slos(ttft_p99_s=2.0, tpot_p99_s=0.2)) == 2
-    assert good_requests(records, window, Slos(ttft_p99_s=None, tpot_p99_s=None)) == 4
+    counted_records = window_records(records, MeasurementWindow(0.0, 100.0))
+    assert good_count(counted_records, Slos(ttft_p99_s=2.0, tpot_p99_s=0.2)) == 2
+    assert good_count(counted_records, Slos(ttft_p99_s=None, tpot_p99_s=None)) == 4
+
+
+def window_records(path: Path, window: MeasurementWindow) -> list[RequestRecord]:
+    """The records a run's figures count (measured_client's selection)."""
+    return [record for record in read_records(path) if counted(record, window)]
 
 
 def test_each_runs_load_counts_its_live_goodput_by_the_plans_slos():

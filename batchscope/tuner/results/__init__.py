@@ -19,12 +19,11 @@ from batchscope.tuner.results.record import (
 )
 from batchscope.tuner.results.signals import (
     MetricsPoint,
-    client_figures,
+    first_answered_tokens,
     good_count,
-    good_requests,
+    measured_client,
     parse_metrics,
     read_summary,
-    request_samples,
     samples_of,
     server_report,
     server_signals,
@@ -32,7 +31,7 @@ from batchscope.tuner.results.signals import (
 
 __all__ = [
     "PLAN_FILE", "RUN_FILE", "CannotWrite", "ClientFigures", "MetricsPoint", "RequestSamples", "RunResult",
-    "RunStart", "ServerReport", "ServerSignals", "check_writable", "client_figures", "good_count", "good_requests",
-    "hit_rate", "load_results", "now_iso", "parse_metrics", "read_summary", "request_samples", "samples_of", "save",
-    "server_report", "server_signals", "write_atomically",
+    "RunStart", "ServerReport", "ServerSignals", "check_writable", "first_answered_tokens",
+    "good_count", "hit_rate", "load_results", "measured_client", "now_iso", "parse_metrics", "read_summary",
+    "samples_of", "save", "server_report", "server_signals", "write_atomically",
 ]

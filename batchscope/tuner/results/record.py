@@ -23,6 +23,7 @@ from batchscope.loadgen import Distribution, WorkloadSpec
 from batchscope.runs.provenance import Provenance
 from batchscope.tuner.plan import ServingParams, run_name
 from batchscope.vllm.catalogue import (
+    ADMISSION_REJECTIONS,
     CACHE_CONFIG_INFO,
     GENERATION_TOKENS,
     ITERATION_TOKENS,
@@ -62,6 +63,20 @@ class ClientFigures(BaseModel):
                                        "met the plan's SLOs (vLLM bench serve's goodput rule; None: recorded "
                                        "before it was counted).")
     goodput_rps: float | None = Field(None, description="good_completed / window, req/s (None as above).")
+    rejected: dict[str, int] = Field(default_factory=dict, description="Requests vLLM's admission check refused "
+                                     "(HTTP 503, the load generator's outcome rejected_busy) that ended in the "
+                                     "window, by reason (max_num_queued_reqs, max_num_queued_tokens): in neither "
+                                     "completed nor errors.")
+    rejected_share: float | None = Field(None, description="Those / every request that ended in the window "
+                                         "(completed + errors + rejected), 0-1 (None: none ended in it, or recorded "
+                                         "before it was counted).")
+    prefill_tokens_per_s: float | None = Field(None, description="Prompt tokens of the requests whose first token "
+                                               "arrived in the window / window: the server's prefill throughput "
+                                               "as the client sees it (None: recorded before it was counted).")
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
 
 
 class RequestSamples(BaseModel):
@@ -99,6 +114,10 @@ class ServerSignals(BaseModel):
                                             "the window: of those, tokens found cached (None as above).")
     prefix_cache_hit_rate: float | None = Field(None, description="prefix_cache_hits / prefix_cache_queries (0-1, "
                                                 "vLLM's definition); None when nothing was queried.")
+    admission_rejections: float | None = Field(None, description=f"Increase of "
+                                               f"{ADMISSION_REJECTIONS.exposed_name} over the window, every reason "
+                                               "(None: not exposed, a vLLM before 0.32, or a run recorded before it "
+                                               "was read).")
 
 
 class ServerReport(BaseModel):

@@ -122,6 +122,7 @@ def server_signals(points: list[MetricsPoint], window_start: float, window_end: 
         kv_usage_mean=sum(kv) / len(kv),
         kv_capacity_tokens=kv_capacity_tokens,
         prefix_cache_queries=queries, prefix_cache_hits=hits, prefix_cache_hit_rate=hit_rate(queries, hits),
+        admission_rejections=counted(vllm_metrics.ADMISSION_REJECTIONS),
     )
 
 
@@ -130,22 +131,42 @@ def read_summary(load_dir: Path) -> Summary | None:
     return Summary.model_validate_json(path.read_text()) if path.exists() else None
 
 
-def client_figures(summary: Summary, good: int | None = None) -> ClientFigures:
-    """The summary's own figures (its window rule, its percentiles), and goodput from `good`, the window's
-    completed requests that met the SLOs (good_requests)."""
+def client_figures(summary: Summary, good: int | None = None, prefill_tokens: float | None = None) -> ClientFigures:
+    """The summary's own figures (its window rule, its percentiles, its admission rejections), goodput from `good`,
+    the window's completed requests that met the SLOs (good_count), and the prefill throughput from
+    `prefill_tokens`, the prompt tokens first answered in the window (first_answered_tokens)."""
     window = summary.effective_duration_s
+
+    def rate(count: float | None) -> float | None:
+        return None if count is None else count / window if window else 0.0
+
     return ClientFigures(
         ttft=summary.ttft, tpot=summary.tpot, itl=summary.itl, e2e=summary.e2e,
         completion_throughput_rps=summary.completion_throughput_rps,
         output_tokens_per_s=summary.output_tokens_per_s, completed=summary.completed,
-        errors=sum(summary.failed.values()), window_s=window,
-        good_completed=good, goodput_rps=None if good is None else good / window if window else 0.0,
+        errors=sum(summary.failed.values()), window_s=window, good_completed=good, goodput_rps=rate(good),
+        rejected={reason: n for reason, n in summary.admission_rejections.items() if n},
+        rejected_share=summary.rejected_share, prefill_tokens_per_s=rate(prefill_tokens),
     )
 
 
-def window_records(records_path: Path, summary: Summary) -> list[RequestRecord]:
-    """The records the summary's figures count: ok, ended in the window (loadgen.figures.counted)."""
-    window = MeasurementWindow(summary.window_start_s, summary.window_start_s + summary.effective_duration_s)
+def measured_client(records_path: Path, summary: Summary, slos: Slos, input_tokens: int
+                    ) -> tuple[ClientFigures, RequestSamples]:
+    """A real-time run's client figures and per-request values: the summary's figures, and from its records
+    (read once) goodput, the prefill throughput and the values of the requests the summary's figures count."""
+    records = read_records(records_path)
+    window = summary_window(summary)
+    counted_records = [record for record in records if counted(record, window)]
+    prefill = first_answered_tokens(records, window, input_tokens)
+    return client_figures(summary, good_count(counted_records, slos), prefill), samples_of(counted_records)
+
+
+def summary_window(summary: Summary) -> MeasurementWindow:
+    return MeasurementWindow(summary.window_start_s, summary.window_start_s + summary.effective_duration_s)
+
+
+def read_records(records_path: Path) -> list[RequestRecord]:
+    """Every record of records.jsonl (none when the file is missing)."""
     if not records_path.exists():
         return []
     records = []
@@ -153,25 +174,21 @@ def window_records(records_path: Path, summary: Summary) -> list[RequestRecord]:
         if not line.strip():
             continue
         fields = json.loads(line)
-        record = RequestRecord(**{k: v for k, v in fields.items() if k in RequestRecord.__dataclass_fields__})
-        if counted(record, window):
-            records.append(record)
+        records.append(RequestRecord(**{k: v for k, v in fields.items() if k in RequestRecord.__dataclass_fields__}))
     return records
 
 
-def good_requests(records_path: Path, summary: Summary, slos: Slos) -> int:
-    """How many of the window's records met both SLOs (good_count)."""
-    return good_count(window_records(records_path, summary), slos)
+def first_answered_tokens(records: list[RequestRecord], window: MeasurementWindow, input_tokens: int) -> float:
+    """Prompt tokens of the requests whose first token arrived in the window, whatever became of them: the prompts
+    the server finished prefilling there, as the client sees it (a record without usage counts the spec's
+    input_tokens, the length every request is sent with)."""
+    return float(sum(input_tokens if r.prompt_tokens is None else r.prompt_tokens for r in records
+                     if r.first_token_s is not None and window.covers(r.first_token_s)))
 
 
 def good_count(records: list[RequestRecord], slos: Slos) -> int:
     """How many of the counted ``records`` met both SLOs, each by its own TTFT and TPOT (Slos.count_met)."""
     return slos.count_met([(r.ttft_s, r.tpot_s) for r in records if r.ttft_s is not None])
-
-
-def request_samples(records_path: Path, summary: Summary) -> RequestSamples:
-    """Per-request values of the requests the summary's figures count (window_records)."""
-    return samples_of(window_records(records_path, summary))
 
 
 def samples_of(records: list[RequestRecord]) -> RequestSamples:

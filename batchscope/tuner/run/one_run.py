@@ -14,11 +14,9 @@ from batchscope.tuner.results import (
     MetricsPoint,
     RunResult,
     RunStart,
-    client_figures,
-    good_requests,
+    measured_client,
     now_iso,
     read_summary,
-    request_samples,
     server_signals,
 )
 from batchscope.tuner.run.load_process import LOAD_STOP_GRACE_S, LoadProcess, follow_load, start_load, write_live_file
@@ -93,9 +91,8 @@ def measured(plan: Plan, base: RunStart, kv_capacity_tokens: int | None, load: L
     failure = summary.failure or (f"load generator exited with status {code}" if code else None)
     signals = server_signals(points, summary.window_start_s, window_end, kv_capacity_tokens) \
         if points else None
+    client, samples = measured_client(records, summary, plan.slos, plan.workload.input_tokens)
     result = RunResult(**base, finished_at=finished_at, status="failed" if code else "ok", failure=failure,
-                       client=client_figures(summary, good_requests(records, summary, plan.slos)),
-                       samples=request_samples(records, summary),
-                       server=signals,
+                       client=client, samples=samples, server=signals,
                        prometheus=query_prometheus(plan.prometheus_url, summary.window_start_s, window_end))
     return result, (summary.window_start_s, window_end)
