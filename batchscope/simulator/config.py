@@ -36,6 +36,13 @@ def knob_field(name: str) -> typing.Any:
                                             "baseline, SchedulerConfig's default; `vllm serve` sizes it by device).")
 
 
+def queue_knob_field(name: str) -> typing.Any:
+    """A ServeConfig field for one of vLLM 0.32's queue knobs: unset as `vllm serve` leaves it (knobs' default)."""
+    knob = knobs.BY_NAME[name]
+    default = None if knob.default is None else bool(knob.default) if knob.switch else int(knob.default)
+    return Field(default, description=knob.description)
+
+
 class ServeConfig(BaseModel):
     """Flags of `batchscope sim serve`; names and defaults mirror `vllm serve` (the seed's baseline)."""
 
@@ -48,6 +55,11 @@ class ServeConfig(BaseModel):
     max_num_seqs: int = knob_field("max_num_seqs")
     max_num_batched_tokens: int = knob_field("max_num_batched_tokens")
     gpu_memory_utilization: float = knob_field("gpu_memory_utilization")
+    max_num_active_seqs: int | None = queue_knob_field("max_num_active_seqs")
+    max_num_queued_reqs: int | None = queue_knob_field("max_num_queued_reqs")
+    max_num_queued_tokens: int | None = queue_knob_field("max_num_queued_tokens")
+    long_prefill_token_threshold: int = queue_knob_field("long_prefill_token_threshold")
+    long_prefill_token_threshold_adaptive: bool = queue_knob_field("long_prefill_token_threshold_adaptive")
     max_model_len: int | None = Field(None, gt=0, description="Prompt + output limit; defaults to the profile's.")
     vocab_size: int | None = Field(None, gt=0, description="Simulator only: the model's vocabulary (prompt ids "
                                    "must be below it); defaults to the profile's.")
@@ -75,18 +87,18 @@ class ServeConfig(BaseModel):
                                      "for one stream, one write), real busy work as a slow detokenizer or output "
                                      "processor costs, seconds; 0: none.")
 
-    @field_validator("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization")
+    @field_validator("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "max_num_active_seqs",
+                     "max_num_queued_reqs", "max_num_queued_tokens", "long_prefill_token_threshold")
     @classmethod
-    def _check_bounds(cls, value: float, info: ValidationInfo) -> float:
+    def _check_bounds(cls, value: float | None, info: ValidationInfo) -> float | None:
         knob = knobs.BY_NAME[info.field_name or ""]
-        if not knob.above < value <= knob.at_most:
+        if value is not None and not knob.above < value <= knob.at_most:
             raise ValueError(f"must be in ({knob.above:g}, {knob.at_most:g}], got {value:g}")
         return value
 
     @model_validator(mode="after")
-    def _check_budget(self) -> ServeConfig:
-        problem = knobs.cross_knob_problem({"max_num_seqs": self.max_num_seqs,
-                                            "max_num_batched_tokens": self.max_num_batched_tokens})
+    def _check_across(self) -> ServeConfig:
+        problem = knobs.cross_knob_problem(self.model_dump(include=set(knobs.KNOB_NAMES)))
         if problem:
             raise ValueError(problem)
         return self
@@ -122,6 +134,11 @@ class Deployment:
                 f"--max-model-len: {self.max_model_len} is greater than the derived max_model_len "
                 f"({self.profile.max_model_len}) of profile {self.profile.name}"
             )
+        # vLLM's rules across knobs again, with the max_model_len in effect (the profile's when unset)
+        problem = knobs.cross_knob_problem({**config.model_dump(include=set(knobs.KNOB_NAMES)),
+                                            "max_model_len": self.max_model_len})
+        if problem:
+            raise ValueError(problem)
         self.kv_plan: KvCachePlan = plan_kv_cache(
             self.profile,
             config.gpu_memory_utilization,
@@ -138,6 +155,9 @@ class Deployment:
             max_model_len=self.max_model_len,
             block_size=self.block_size,
             num_gpu_blocks=self.kv_plan.num_gpu_blocks,
+            max_num_active_seqs=self.config.max_num_active_seqs,
+            long_prefill_token_threshold=self.config.long_prefill_token_threshold,
+            long_prefill_token_threshold_adaptive=self.config.long_prefill_token_threshold_adaptive,
         )
 
     def new_engine(self, cost: StepCostModel | None = None) -> EngineCore:

@@ -25,13 +25,31 @@ NEVER = np.iinfo(np.int64).max // 4
 
 @dataclass(frozen=True)
 class SchedulerLimits:
-    """The knobs this project is about, plus the KV pool they share."""
+    """The knobs this project is about, plus the KV pool they share (docs/simulator.md, "The engine core")."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
     block_size: int
     num_gpu_blocks: int
+    max_num_active_seqs: int | None = None  # None: RUNNING is capped by max_num_seqs alone
+    long_prefill_token_threshold: int = 0  # 0: off
+    long_prefill_token_threshold_adaptive: bool = False
+
+    @property
+    def running_cap(self) -> int:
+        """How many requests may be RUNNING: vLLM's max_num_active_reqs."""
+        active = self.max_num_active_seqs
+        return self.max_num_seqs if active is None else min(active, self.max_num_seqs)
+
+    def prefill_cap(self, num_running: int, num_waiting: int) -> int:
+        """The step's cap on one request's new tokens, 0 for none: off for the only eligible request, floored at
+        the budget's fair share when adaptive (vLLM's Scheduler.schedule, counted before the step)."""
+        eligible = num_running + num_waiting
+        threshold = self.long_prefill_token_threshold if eligible > 1 else 0
+        if threshold > 0 and self.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, self.max_num_batched_tokens // eligible)
+        return threshold
 
 
 @dataclass(frozen=True)
@@ -208,11 +226,12 @@ class EngineCore:
         if not self.has_work():
             return None
         budget = self.limits.max_num_batched_tokens
+        cap = self.limits.prefill_cap(self.num_running, self.num_waiting)
         parts: list[np.ndarray] = []
         counts: list[np.ndarray] = []
-        budget, preempted = self._schedule_running(budget, parts, counts)
+        budget, preempted = self._schedule_running(budget, cap, parts, counts)
         if not preempted:
-            self._schedule_waiting(now, budget, parts, counts)
+            self._schedule_waiting(now, budget, cap, parts, counts)
         chosen = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         new_tokens = np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
         duration = self._cost.step_seconds(new_tokens, self.slots.num_computed[chosen]) if chosen.size else 0.0
@@ -224,13 +243,17 @@ class EngineCore:
         total = (self.slots.num_computed[slots] + new_tokens + size - 1) // size
         return np.maximum(total - self.slots.num_blocks[slots], 0)
 
-    def _schedule_running(self, budget: int, parts: list[np.ndarray], counts: list[np.ndarray]) -> tuple[int, int]:
-        """Phase 1: every running request in order gets its remaining tokens, within the budget."""
+    def _schedule_running(self, budget: int, cap: int, parts: list[np.ndarray], counts: list[np.ndarray]
+                          ) -> tuple[int, int]:
+        """Phase 1: every running request in order gets its remaining tokens (at most ``cap``, when set), within
+        the budget."""
         preempted = 0
         start = 0
         while start < self._running.size and budget > 0:
             segment = self._running[start:]
             need = self.slots.prompt_len[segment] + self.slots.num_output[segment] - self.slots.num_computed[segment]
+            if cap:
+                need = np.minimum(need, cap)
             before = np.cumsum(need) - need
             granted = np.minimum(need, np.maximum(budget - before, 0))
             served = int(np.count_nonzero(granted))  # a prefix: once the budget is gone the rest get 0
@@ -275,16 +298,19 @@ class EngineCore:
         self.slots.state[slot] = WAITING
         self._waiting.appendleft(slot)
 
-    def _schedule_waiting(self, now: float, budget: int, parts: list[np.ndarray], counts: list[np.ndarray]) -> None:
-        """Phase 2: admit waiting requests FCFS while budget, max_num_seqs and KV blocks allow."""
+    def _schedule_waiting(self, now: float, budget: int, cap: int, parts: list[np.ndarray], counts: list[np.ndarray]
+                          ) -> None:
+        """Phase 2: admit waiting requests FCFS while budget, the RUNNING cap and KV blocks allow; each gets its
+        remaining tokens, at most ``cap`` when set."""
         admitted: list[int] = []
         size = self.limits.block_size
-        room = self.limits.max_num_seqs - self._running.size
+        room = self.limits.running_cap - self._running.size
         while self._waiting and budget > 0 and len(admitted) < room:
             slot = self._waiting[0]
             hits = self._cache_hits(slot)
             computed = len(hits) * size
-            granted = min(int(self.slots.prompt_len[slot] + self.slots.num_output[slot]) - computed, budget)
+            remaining = int(self.slots.prompt_len[slot] + self.slots.num_output[slot]) - computed
+            granted = min(remaining, cap or remaining, budget)
             blocks = -(-(computed + granted) // size) - len(hits)
             # a hit on a free cached block takes it out of the free queue
             evictable = self.prefix_cache.evictable(hits) if hits and self.prefix_cache is not None else 0

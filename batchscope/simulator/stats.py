@@ -57,7 +57,10 @@ class EngineStats:
         # vLLM counts a request's prompt tokens once, in the step that yields its first token
         self.prompt_tokens += prompt_tokens_of_first
         self.prompt_tokens_cached += cached_tokens_of_first
-        self.iteration_tokens.observe(prompt_tokens_of_first + new_tokens)
+        # vLLM observes a step only when it yields a token (a step of prefill chunks alone has no outputs), and
+        # counts the prompt tokens it computed, not those found cached
+        if new_tokens:
+            self.iteration_tokens.observe(prompt_tokens_of_first - cached_tokens_of_first + new_tokens)
         self.time_to_first_token.observe_many(ttft)
         self.inter_token_latency.observe_many(itl)
 

@@ -46,7 +46,8 @@ def test_larger_token_budget_lowers_ttft_and_raises_itl() -> None:
     # bigger steps, so fewer of them; both runs deliver the same tokens
     assert large_run.steps < small_run.steps
     assert large.stats.generation_tokens == small.stats.generation_tokens == 400 * 100
-    assert small.stats.iteration_tokens.count == small_run.steps
+    # every step but those of prefill chunks alone (no token: vLLM observes no iteration for them)
+    assert small_run.steps - 10 < small.stats.iteration_tokens.count <= small_run.steps
     # the prefill chunks really were bigger: mean tokens per step grows with the budget
     assert large.stats.iteration_tokens.mean > small.stats.iteration_tokens.mean
 

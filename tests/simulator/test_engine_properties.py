@@ -61,6 +61,7 @@ class Fate:
 class Trace:
     fates: list[Fate]
     steps: int = 0
+    steps_with_tokens: int = 0
     steps_with_preemption: int = 0
     tokens_scheduled: int = 0
     tokens_computed: int = 0
@@ -260,7 +261,7 @@ def drive(
         sampled = out.token_slots.tolist()
         assert set(sampled) == expected_sampled and len(sampled) == len(expected_sampled)
         trace.tokens_delivered += len(sampled)
-        step_prompt_of_first = 0
+        step_prompt_of_first = step_cached_of_first = 0
         for s, index in zip(sampled, out.token_index.tolist(), strict=True):
             fate = fates[live[s]]
             fate.outputs += 1
@@ -269,13 +270,17 @@ def drive(
             if fate.outputs == 1:
                 trace.first_tokens += 1
                 step_prompt_of_first += reqs[live[s]].prompt_len
+                step_cached_of_first += int(engine.slots.cached_tokens[s])
                 trace.ttft_sum += now - reqs[live[s]].arrival
                 fate.first_token = now
             else:
                 trace.itl_sum += now - fate.last_token
             fate.last_token = now
         trace.prompt_of_first += step_prompt_of_first
-        trace.iteration_tokens_sum += step_prompt_of_first + len(sampled)
+        # vLLM observes a step that yields a token, with the prompt tokens it computed (not those found cached)
+        if sampled:
+            trace.steps_with_tokens += 1
+            trace.iteration_tokens_sum += step_prompt_of_first - step_cached_of_first + len(sampled)
         finished = dict(zip(out.finished_slots.tolist(), out.finish_reasons.tolist(), strict=True))
         assert set(finished) <= set(sampled)
         for s in sampled:
@@ -352,7 +357,7 @@ def check_outcome(engine: EngineCore, reqs: list[RequestSpec], trace: Trace) -> 
     assert stats.inter_token_latency.count == stats.generation_tokens - trace.first_tokens
     assert stats.e2e_request_latency.count == len(finished)
     assert stats.request_queue_time.count == len(finished)
-    assert stats.iteration_tokens.count == trace.steps
+    assert stats.iteration_tokens.count == trace.steps_with_tokens
     assert stats.iteration_tokens.sum == pytest.approx(trace.iteration_tokens_sum)
     assert stats.time_to_first_token.sum == pytest.approx(trace.ttft_sum)
     assert stats.inter_token_latency.sum == pytest.approx(trace.itl_sum)

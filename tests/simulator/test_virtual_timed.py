@@ -61,7 +61,8 @@ def test_stop_cuts_in_flight_requests_and_undelivered_steps() -> None:
     assert run.records == [] and run.cut == 8 and run.duration == 2.0
     # tokens came out until the stop, only from steps that ended by then
     assert 0 < engine.stats.generation_tokens < 8 * 1000
-    assert engine.stats.iteration_tokens.count == run.steps
+    # a step of prefill chunks alone yields no token: vLLM observes no iteration for it
+    assert 0 < engine.stats.iteration_tokens.count <= run.steps
 
 
 def test_fixed_arrivals_without_a_stop_match_run_virtual_and_keep_exact_gaps() -> None:
