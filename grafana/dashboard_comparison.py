@@ -8,7 +8,6 @@ from dashboard_parts import (
     CONFIG_INFO,
     CONFIG_LABELS,
     MODEL,
-    QUOTED_OK,
     SCENARIO,
     Layout,
     dashboard_model,
@@ -70,14 +69,17 @@ def config_mean(recorded: str) -> str:
     return f"sum by ({CONFIG_BY}) ({over_range('avg_over_time', recorded)})"
 
 
-def config_error_share() -> str:
-    """Share of finished requests that did not end ok, per configuration (0 when every outcome was ok)."""
-    def finished(selector: str) -> str:
+def config_outcome_share(outcome: str) -> str:
+    """Share of the requests that ended whose outcome the matcher ``outcome`` selects, per configuration (0 when
+    none did)."""
+    def ended(selector: str) -> str:
         return config_total(f"rate(batchscope_client_requests_total{{{selector}}}[$__rate_interval])")
 
-    return f'{finished(SCENARIO + ", outcome!=" + QUOTED_OK)} / {finished(SCENARIO)}'
+    return f"{ended(f'{SCENARIO}, {outcome}')} / {ended(SCENARIO)}"
 
 
+REJECTED = 'outcome="rejected_busy"'  # vLLM's admission check refused it: not good, and not a failure either
+FAILED = 'outcome!~"ok|rejected_busy"'  # every outcome that is a failure
 COMPARISON_COLUMNS = [
     # (column title, expression, unit); client figures unless the title says vLLM
     ("TTFT p50", config_quantile(0.5, "batchscope_client_time_to_first_token_seconds"), "s"),
@@ -98,21 +100,25 @@ COMPARISON_COLUMNS = [
     ("Preemptions / request (vLLM)", config_mean(f"model:vllm_request_preemptions:mean1m{{{MODEL}}}"), "short"),
     ("Recomputed tokens /s (vLLM)", config_mean(f"model:vllm_recomputed_prompt_tokens:rate1m{{{MODEL}}}"),
      "short"),
-    ("Errors", config_error_share(), "percentunit"),
+    ("Rejected", config_outcome_share(REJECTED), "percentunit"),
+    ("Rejections /s (vLLM)", config_mean(f"model:vllm_admission_rejections:rate1m{{{MODEL}}}"), "reqps"),
+    ("Errors", config_outcome_share(FAILED), "percentunit"),
 ]
 
 
 def comparison_table() -> table_builders.Panel:
     targets = [instant_table(expr) for _, expr, _ in COMPARISON_COLUMNS]
     body = table("Configurations in the time range", targets, "s", describe(
-                 "One row per (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len) seen "
-                 "in the range; each figure covers only the steps when that configuration was in force. Select "
+                 "One row per configuration seen in the range (the seed's knobs, max_model_len and vLLM 0.32's "
+                 "queue knobs); each figure covers only the steps when that configuration was in force. Select "
                  "one scenario so rows compare like with like.",
                  "the client's (as vllm bench serve) for latency, SLO shares, goodput, completions and errors; "
                  "vLLM's where the column says so, and for preemptions. Goodput: requests within both targets by "
-                 "their own TTFT and TPOT (vllm bench serve's rule, the load spec's exact targets).",
+                 "their own TTFT and TPOT (vllm bench serve's rule, the load spec's exact targets). Rejected: "
+                 "requests vLLM's admission check refused (rejected_busy), not good and not errors.",
                  "a row with preemptions or recomputed tokens: its KV cache is too small for its max_num_seqs; "
-                 "the best row meets both SLOs (within both 0.99) at the most goodput /s."))
+                 "a row with a low TTFT p99 and a high Rejected share bought its latency by refusing load; the "
+                 "best row meets both SLOs (within both 0.99) at the most goodput /s."))
     body.sort_by([common_builders.TableSortByFieldState().display_name("max_num_seqs").desc(False)])
     # Each instant query is a table whose value column is "Value #<refId>"; merge joins them on the config labels.
     refs = [query.build().ref_id for query in targets]
@@ -129,12 +135,13 @@ def comparison_table() -> table_builders.Panel:
 
 def comparison() -> dashboard.Dashboard:
     layout = Layout()
-    layout.row("What did each configuration seen in the range do to latency, SLOs, throughput, preemptions and "
-               "errors?")
+    layout.row("What did each configuration seen in the range do to latency, SLOs, throughput, preemptions, "
+               "rejections and errors?")
     layout.add(comparison_table(), 24, 10)
     layout.row("When was each configuration in force, and how did its latency and SLO share move?")
     legend = ("max_num_seqs={{max_num_seqs}} max_num_batched_tokens={{max_num_batched_tokens}} "
-              "gpu_memory_utilization={{gpu_memory_utilization}} {{scenario}}")
+              "gpu_memory_utilization={{gpu_memory_utilization}} max_num_queued_reqs={{max_num_queued_reqs}} "
+              "max_num_queued_tokens={{max_num_queued_tokens}} {{scenario}}")
     layout.add(timeseries("Client TTFT p99 by configuration", [
         target(per_config(f'scenario:batchscope_client_ttft_seconds:histogram_quantile1m{{{SCENARIO}, '
                           f'quantile="0.99"}}'), legend),

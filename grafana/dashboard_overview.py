@@ -1,13 +1,15 @@
 """The overview dashboard, rows in reading order: the configuration in force; is it healthy; where requests wait;
-why (the batch, the KV cache, preemption); what the client sees (what each row answers: docs/dashboards.md)."""
+what admission refuses and which queue limit binds; why (the batch, the KV cache, preemption); what the client
+sees (what each row answers: docs/dashboards.md)."""
 
 from __future__ import annotations
 
 from dashboard_parts import (
-    CONFIG_LABELS,
     MODEL,
     QUANTILES,
+    QUEUE_LABELS,
     SCENARIO,
+    SEED_LABELS,
     Layout,
     config_label_stat,
     dashboard_model,
@@ -27,6 +29,7 @@ from grafana_foundation_sdk.builders import timeseries as timeseries_builders
 from grafana_foundation_sdk.models import common, dashboard
 
 from batchscope.vllm.catalogue import (
+    ADMISSION_REJECTIONS,
     E2E_REQUEST_LATENCY,
     INTER_TOKEN_LATENCY,
     ITERATION_TOKENS,
@@ -67,7 +70,7 @@ def right_axis(body: timeseries_builders.Panel, ref_id: str, unit: str) -> times
 
 def configuration_row(layout: Layout) -> None:
     layout.row("Which vLLM configuration produced the numbers below?")
-    for label in CONFIG_LABELS:
+    for label in SEED_LABELS:
         layout.add(config_label_stat(label), 3, 4)
     layout.add(stat("KV cache capacity", [target("batchscope_vllm_kv_cache_capacity_tokens", "tokens")], "none",
                     describe("Tokens the KV cache holds at once.",
@@ -149,8 +152,9 @@ def health_row(layout: Layout) -> None:
         target(f"scenario:batchscope_client_errors:ratio_rate1m{{{SCENARIO}}}", "client not ok {{scenario}}"),
     ], "percentunit", describe(
         "Share of requests failed over the last minute (red line: the error alerts' 5 %).",
-        "server = vLLM's API server, 5xx answers to /v1/* but the pollers' /v1/models (http_requests_total); "
-        "client = the load generator's requests not ending ok (any outcome but ok).",
+        "server = vLLM's API server, 5xx answers to /v1/* but the pollers' /v1/models (http_requests_total), "
+        "the admission check's 503s taken out (admission_rejections_total); client = the load generator's "
+        "requests that failed (any outcome but ok and rejected_busy).",
         "server 5xx: vLLM's log has the exception (VllmRequestErrorSpike); client only: timeouts or the "
         "network (BatchscopeClientErrorRate)."), max_value=1, steps=ERROR_STEPS), 8)
     layout.add(timeseries("Tokens per second", [
@@ -237,6 +241,67 @@ def waiting_row(layout: Layout) -> None:
         "the gap dominant: the API server or the client (API-server CPU, load generator saturated); else the "
         "largest part says which knob."), stacked=True)
     layout.add(total_as_dashed_line(decomposition, "D"), 12)
+
+
+def admission_row(layout: Layout) -> None:
+    layout.row("Admission and queue limits: what does vLLM refuse, and which limit binds?")
+    for label, width in zip(QUEUE_LABELS, (5, 5, 5, 5, 4), strict=True):
+        layout.add(config_label_stat(label), width, 4)
+    rejections = ADMISSION_REJECTIONS.exposed_name
+    layout.add(timeseries("Admission rejections /s by reason", [
+        target(or_not_exposed(f"sum by (model_name, reason) (model:vllm_admission_rejections:rate1m{{{MODEL}}})",
+                              f"{rejections}{{{MODEL}}}"), "{{reason}} {{model_name}}"),
+        target(f"sum by (scenario, reason) (rate(batchscope_client_admission_rejections_total{{{SCENARIO}}}"
+               f"[$__rate_interval]))", "client: {{reason}} {{scenario}}"),
+    ], "reqps", describe(
+        "Requests per second vLLM's API server refused with HTTP 503 before they reached the engine, by the limit "
+        "that refused them (max_num_queued_reqs, max_num_queued_tokens), beside what the load generator counted "
+        "as rejected_busy; vLLM 0.32 and later.",
+        f"vLLM's {rejections} (one per refused request); the client's from the 503's body.",
+        "sustained (VllmAdmissionRejections): the panels below say which limit binds; raise it and requests wait "
+        "instead (TTFT), or add capacity. Client above vLLM: a proxy answers 503 with vLLM's body; below: other "
+        "clients."), not_exposed=True), 12)
+    layout.add(timeseries("Share of arrivals refused", [
+        target(f"sum by (model_name, reason) (model:vllm_admission_rejections:ratio_rate1m{{{MODEL}}})",
+               "server {{reason}} {{model_name}}"),
+        target(f"scenario:batchscope_client_rejected:ratio_rate1m{{{SCENARIO}}}", "client rejected share {{scenario}}"),
+    ], "percentunit", describe(
+        "Share of the requests arriving that a limit refused, over the last minute (red line: the alert's 5 %).",
+        "server = vLLM's refused / (refused + finished); client = rejected_busy over every request that ended "
+        "(the summary's rejected_share).",
+        "above the line for minutes: the offered load is above what these limits admit (runbook "
+        "VllmAdmissionRejections: rejected now vs late later)."), max_value=1,
+        steps=thresholds((None, "green"), (0.05, "red"))), 12)
+    layout.add(with_config_line(timeseries("In flight at the server (red line: max_num_queued_reqs)", [
+        target(f"sum by (model_name) ({NUM_REQUESTS_RUNNING.name}{{{MODEL}}}) + sum by (model_name) "
+               f"({NUM_REQUESTS_WAITING.name}{{{MODEL}}})", "running + waiting {{model_name}}"),
+    ], "none", describe(
+        "Requests vLLM holds, running plus waiting: what --max-num-queued-reqs counts (a request with n > 1 "
+        "takes n slots). No red line: no limit set.",
+        "vLLM's gauges (the admission check counts the API server's own tally of the same requests).",
+        "flat at the red line while rejections rise: this limit refuses; raise it to queue more (TTFT grows) or "
+        "raise capacity so the queue drains faster."), axis_label="requests"), "max_num_queued_reqs"), 8)
+    layout.add(with_config_line(timeseries("Prefill backlog (red line: max_num_queued_tokens)", [
+        target(f"sum by (scenario) (batchscope_client_prefill_backlog_tokens{{{SCENARIO}}})",
+               "prompt tokens awaiting a first token {{scenario}}"),
+    ], "none", describe(
+        "Prompt tokens of the requests sent that have no first token yet, whole prompts: what "
+        "--max-num-queued-tokens caps (vLLM refuses once it is reached). No red line: no limit set.",
+        "the client's count (vLLM exposes no gauge of it; it counts a prompt until its prefill ends, the client "
+        "until its first token, a step later).",
+        "at the red line with max_num_queued_tokens rejections: long prompts fill the backlog; size the limit as "
+        "TTFT target x prefill tokens/s (vLLM's guidance), or raise --max-num-batched-tokens to prefill faster."),
+        axis_label="tokens"), "max_num_queued_tokens"), 8)
+    layout.add(with_config_line(timeseries("Running vs max_num_active_seqs (red line)", [
+        target(f"sum by (model_name) ({NUM_REQUESTS_RUNNING.name}{{{MODEL}}})", "running {{model_name}}"),
+        target(f"sum by (model_name) ({NUM_REQUESTS_WAITING.name}{{{MODEL}}})", "waiting {{model_name}}"),
+    ], "none", describe(
+        "Requests in the running batch against --max-num-active-seqs, the cap on RUNNING below max_num_seqs. No "
+        "red line: not set (max_num_seqs caps alone, see running vs waiting).",
+        "vLLM's gauges.",
+        "running at the red line with requests waiting and the KV cache low: the active cap holds the batch; "
+        "raise it toward max_num_seqs (TPOT rises as the batch grows)."), axis_label="requests"),
+        "max_num_active_seqs"), 8)
 
 
 def total_as_dashed_line(body: timeseries_builders.Panel, ref_id: str) -> timeseries_builders.Panel:
@@ -361,10 +426,11 @@ def client_row(layout: Layout) -> None:
                                     "two bands: two kinds of requests (cache hits, preempted ones) or a queue "
                                     "that comes and goes; a band creeping up: load past capacity.")), 8)
     layout.add(timeseries("Client errors by outcome", [
-        target(f'sum by (outcome) (scenario:batchscope_client_requests:rate1m{{{SCENARIO}, outcome!="ok"}})',
-               "{{outcome}}"),
+        target(f'sum by (outcome) (scenario:batchscope_client_requests:rate1m{{{SCENARIO}, '
+               f'outcome!~"ok|rejected_busy"}})', "{{outcome}}"),
     ], "reqps", describe(
-        "Finished requests per second that did not end ok, by outcome (http_error, timeout, ...).",
+        "Finished requests per second that failed, by outcome (http_error, timeout, ...); requests vLLM's "
+        "admission check refused (rejected_busy) are in the admission row, not here.",
         "the client's (the load generator's outcomes).",
         "http_error: the server's 5xx (HTTP error ratio); timeout: the server is too slow for the client's "
         "timeout; connection_error: it is down.")), 16)
@@ -381,6 +447,7 @@ def overview() -> dashboard.Dashboard:
     configuration_row(layout)
     health_row(layout)
     waiting_row(layout)
+    admission_row(layout)
     why_row(layout)
     client_row(layout)
     return dashboard_model("batchscope-overview", "vLLM batching — overview",

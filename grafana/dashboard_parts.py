@@ -26,11 +26,15 @@ MODEL = 'model_name=~"$model"'
 SCENARIO = 'scenario=~"$scenario"'
 # The exporter's info metric names the model `served_model_name`, the value vLLM puts in `model_name`.
 CONFIG_INFO = 'batchscope_vllm_config_info{served_model_name=~"$model"}'
-# The knobs a run comparison is keyed on; every other label of the info metric is left out of the rows.
-CONFIG_LABELS = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "max_model_len")
+# The seed's knobs and the length, shown first on the overview, then vLLM 0.32's queue knobs (the overview's
+# admission row shows these); together the key of a run comparison's rows and of the change annotations. Every
+# other label of the info metric is left out of the rows.
+SEED_LABELS = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "max_model_len")
+QUEUE_LABELS = ("max_num_queued_reqs", "max_num_queued_tokens", "max_num_active_seqs", "long_prefill_token_threshold",
+                "long_prefill_token_threshold_adaptive")
+CONFIG_LABELS = SEED_LABELS + QUEUE_LABELS
 CONFIG_BY = ", ".join(CONFIG_LABELS)
 
-QUOTED_OK = '"ok"'
 QUANTILES = 'quantile=~"0.5|0.99"'  # two of the three recorded quantiles keep client-vs-server panels readable
 
 # A panel whose family only newer vLLM releases expose shows this instead of an empty graph: the query ends in
@@ -179,7 +183,8 @@ def config_label_stat(label: str) -> stat_builders.Panel:
     """The value of one label of the info metric, shown as the series name (a label is text, not a number)."""
     flag = f"--{label.replace('_', '-')}"
     return stat(label, [instant(CONFIG_INFO, f"{{{{{label}}}}}")], "none",
-                describe(f"{flag} of the vLLM server in force now.",
+                describe(f"{flag} of the vLLM server in force now (empty: not passed and not exposed, or vLLM's "
+                         "default where a command line leaves it out).",
                          "vLLM's flag, as the exporter reads it (docker command line, the given `vllm serve` "
                          "command, then what vLLM exposes).",
                          "empty: the exporter does not know it; give it --vllm-command or --vllm-command-file "

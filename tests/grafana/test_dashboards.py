@@ -136,8 +136,46 @@ def test_every_row_is_the_question_it_answers(name):
 def test_overview_rows_read_from_health_to_waiting_to_why_to_the_client():
     rows = [panel["title"] for panel in DASHBOARDS["overview"]["panels"] if panel["type"] == "row"]
     assert [row.split(":")[0].split(" ")[0:2] for row in rows] == [
-        ["Which", "vLLM"], ["Is", "it"], ["Where", "do"], ["Why"], ["What", "does"]]
+        ["Which", "vLLM"], ["Is", "it"], ["Where", "do"], ["Admission", "and"], ["Why"], ["What", "does"]]
 
+
+
+def test_the_admission_row_draws_each_queue_limit_against_what_it_counts():
+    """In flight (running + waiting), the client's prefill backlog and running, each under its knob's dashed line
+    (the info metric's label turned into a series); the knobs themselves as stats; vLLM's counter of refusals."""
+    panels = DASHBOARDS["overview"]["panels"]
+    start = next(i for i, panel in enumerate(panels) if panel["title"].startswith("Admission and queue limits"))
+    end = next(i for i, panel in enumerate(panels) if i > start and panel["type"] == "row")
+    row = panels[start + 1:end]
+    stats = [panel["title"] for panel in row if panel["type"] == "stat"]
+    assert stats == ["max_num_queued_reqs", "max_num_queued_tokens", "max_num_active_seqs",
+                     "long_prefill_token_threshold", "long_prefill_token_threshold_adaptive"]
+    drawn = {}
+    for panel in row:
+        knob = [t for t in panel.get("targets", []) if t["refId"] == "knob"]
+        if knob:
+            [override] = [o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == "knob"]
+            assert {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}} in override["properties"]
+            drawn[knob[0]["legendFormat"]] = " ".join(t["expr"] for t in panel["targets"] if t["refId"] != "knob")
+    assert set(drawn) == {"max_num_queued_reqs", "max_num_queued_tokens", "max_num_active_seqs"}
+    assert "vllm:num_requests_running" in drawn["max_num_queued_reqs"]
+    assert "+ sum by (model_name) (vllm:num_requests_waiting" in drawn["max_num_queued_reqs"]
+    assert "batchscope_client_prefill_backlog_tokens" in drawn["max_num_queued_tokens"]
+    assert drawn["max_num_active_seqs"].startswith("sum by (model_name) (vllm:num_requests_running")
+    exprs = " ".join(t["expr"] for panel in row for t in panel.get("targets", []))
+    assert "model:vllm_admission_rejections:rate1m" in exprs and "batchscope_client_rejected:ratio_rate1m" in exprs
+
+
+def test_rejections_are_their_own_column_and_no_error_in_the_comparison():
+    [table] = [p for p in DASHBOARDS["comparison"]["panels"] if p["type"] == "table"]
+    renames = table["transformations"][1]["options"]["renameByName"]
+    by_title = {title: next(t["expr"] for t in table["targets"] if f"Value #{t['refId']}" == ref)
+                for ref, title in renames.items()}
+    assert 'outcome="rejected_busy"' in by_title["Rejected"]
+    assert 'outcome!~"ok|rejected_busy"' in by_title["Errors"]
+    assert "model:vllm_admission_rejections:rate1m" in by_title["Rejections /s (vLLM)"]
+    # the queue knobs key the rows too: configurations differing only in a queue limit are not merged
+    assert "max_num_queued_reqs, max_num_queued_tokens" in by_title["Rejected"]
 
 def _dropped(original, written, path: tuple[str, ...] = ()) -> list[str]:
     """Every key of ``original`` that ``written`` lacks or changed, as a path."""
@@ -195,7 +233,7 @@ def test_newer_families_say_not_exposed_rather_than_draw_nothing(name):
               if any("absent(" in t["expr"] for t in p["targets"])}
     if name == "overview":
         assert {"Waiting by reason", "Preemptions per request", "Recomputed prompt tokens /s",
-                "API-server CPU"} <= titles
+                "API-server CPU", "Admission rejections /s by reason"} <= titles
 
 
 @pytest.mark.parametrize("name", DASHBOARDS)
