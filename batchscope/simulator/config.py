@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from batchscope.inputs.validation import first_error
+from batchscope.simulator.admission import AdmissionControl
 from batchscope.simulator.cost import StepCostModel
 from batchscope.simulator.engine import EngineCore, SchedulerLimits
 from batchscope.simulator.frontend import FrontEnd
@@ -161,11 +162,15 @@ class Deployment:
         )
 
     def new_engine(self, cost: StepCostModel | None = None) -> EngineCore:
-        """An engine of this deployment; ``cost`` replaces the profile's step cost model (the tuner's what-if
-        adds seeded step-time noise to it)."""
+        """An engine of this deployment, with its API server's admission check; ``cost`` replaces the profile's
+        step cost model (the tuner's what-if adds seeded step-time noise to it)."""
         return EngineCore(self.limits(), cost or StepCostModel(self.profile), self.profile.eos_probability,
                           seed=self.config.seed, enable_prefix_caching=self.config.enable_prefix_caching,
-                          frontend=FrontEnd.of(self.profile))
+                          frontend=FrontEnd.of(self.profile), admission=self.new_admission())
+
+    def new_admission(self) -> AdmissionControl:
+        """The API server's admission check with this deployment's queue limits."""
+        return AdmissionControl(self.config.max_num_queued_reqs, self.config.max_num_queued_tokens)
 
 
 def _block_size(requested: int | None, profile: Profile) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchscope.simulator.admission import AdmissionControl
 from batchscope.simulator.cost import StepCostModel
 from batchscope.simulator.finish import REASON_LENGTH, REASON_NAMES, REASON_STOP
 from batchscope.simulator.frontend import FrontEnd
@@ -77,10 +78,13 @@ class EngineCore:
     """Requests in, steps out. Slots are reused after a request ends; callers map slots to their requests."""
 
     def __init__(self, limits: SchedulerLimits, cost: StepCostModel, eos_probability: float, seed: int = 0,
-                 enable_prefix_caching: bool = False, frontend: FrontEnd | None = None):
+                 enable_prefix_caching: bool = False, frontend: FrontEnd | None = None,
+                 admission: AdmissionControl | None = None):
         self.limits = limits
-        # not used by the core: the latencies its drivers add outside the step, kept with it so both agree
+        # not used by the core: the latencies its drivers add outside the step and the API server's admission
+        # check, kept with it so every driver applies the same
         self.frontend = frontend or FrontEnd()
+        self.admission = admission or AdmissionControl()
         self.stats = EngineStats(limits.max_model_len)
         self._cost = cost
         self._eos_probability = eos_probability

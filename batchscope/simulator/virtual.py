@@ -34,9 +34,15 @@ class RequestSpec:
     prompt_ids: tuple[int, ...] | None = None  # token ids, for prefix caching (None: a prompt nothing shares)
 
 
+REJECTED = "rejected"  # a refused request's finish_reason: it never reached the engine (not one of vLLM's reasons)
+# how long a closed-loop user waits after a refusal before its next request: the load generator's ADMISSION_PAUSE_S
+REJECTED_PAUSE_S = 0.1
+
+
 @dataclass(frozen=True)
 class RequestRecord:
-    """One finished request, timed on the virtual clock (seconds)."""
+    """One finished request, timed on the virtual clock (seconds); or one the admission check refused
+    (``rejected``: the reason; no token, no engine time, times NaN but ``finished``: when it was refused)."""
 
     index: int
     arrival: float
@@ -47,6 +53,7 @@ class RequestRecord:
     output_tokens: int
     finish_reason: str
     preemptions: int
+    rejected: str | None = None
 
 
 @dataclass
@@ -88,6 +95,11 @@ def run_virtual(engine: EngineCore, workload: Sequence[RequestSpec], max_steps: 
     return result
 
 
+def _rejected_record(index: int, spec: RequestSpec, now: float, reason: str) -> RequestRecord:
+    nan = math.nan
+    return RequestRecord(index, spec.arrival, nan, nan, now, spec.prompt_len, 0, REJECTED, 0, rejected=reason)
+
+
 def _record(engine: EngineCore, slot: int, index: int, arrival: float, reason: int) -> RequestRecord:
     # read right after complete(): the slot is released but not reused before the next add_request
     slots = engine.slots
@@ -122,20 +134,24 @@ class FixedArrivals:
         self._next += 1
         return self._workload[self._next - 1]
 
-    def finished(self, index: int, now: float) -> None:
-        """Open loop: a completion changes nothing."""
+    def finished(self, index: int, now: float, rejected: bool = False) -> None:
+        """Open loop: a completion or a refusal changes nothing."""
 
 
 class ClosedLoop:
     """N users, each sending its next request the moment its previous one ends (load mode `concurrency`).
 
     User u sends its first request at u x ramp_up_s / N, as the load generator starts its users; no request is
-    sent at or after ``issue_until`` (the run's stop).
+    sent at or after ``issue_until`` (the run's stop). A user whose request was refused waits ``rejected_pause_s``
+    (> 0) first, as the load generator's users do.
     """
 
     def __init__(self, users: int, prompt_len: int, max_tokens: int, ramp_up_s: float = 0.0,
-                 issue_until: float = math.inf) -> None:
+                 issue_until: float = math.inf, rejected_pause_s: float = REJECTED_PAUSE_S) -> None:
+        if rejected_pause_s <= 0:
+            raise ValueError(f"rejected_pause_s must be > 0, got {rejected_pause_s:g}")  # else a refused user spins
         self._template = (prompt_len, max_tokens)
+        self._pause_s = rejected_pause_s
         self._issue_until = issue_until
         self._due: list[tuple[float, int]] = [(u * ramp_up_s / users, u) for u in range(users)]
         heapq.heapify(self._due)
@@ -152,9 +168,9 @@ class ClosedLoop:
         self.in_flight += 1
         return RequestSpec(moment, *self._template)
 
-    def finished(self, index: int, now: float) -> None:
+    def finished(self, index: int, now: float, rejected: bool = False) -> None:
         self.in_flight -= 1
-        heapq.heappush(self._due, (now, self._user_of[index]))
+        heapq.heappush(self._due, (now + self._pause_s if rejected else now, self._user_of[index]))
 
 
 class ArrivalSource(Protocol):
@@ -164,7 +180,8 @@ class ArrivalSource(Protocol):
 
     def take(self) -> RequestSpec: ...
 
-    def finished(self, index: int, now: float) -> None: ...  # request ``index``'s last token reached its client
+    # request ``index``'s last token reached its client, or (``rejected``) its refusal did
+    def finished(self, index: int, now: float, rejected: bool = False) -> None: ...
 
 
 StepObserver = Callable[[EngineCore, Step], None]
@@ -189,8 +206,9 @@ def run_timed(engine: EngineCore, source: ArrivalSource, stop: float = math.inf,
 
     At ``stop`` the run ends as the load generator's does: the step running then never delivers and the
     requests in flight are cut (counted, not recorded). A request is recorded, and its source told, when its
-    last token reaches the client (after the output path). ``on_step`` sees each step right after it is
-    scheduled (the batch it runs with), before its results apply. Token gaps are kept for every finished request.
+    last token reaches the client (after the output path), or when the engine's admission check refuses it.
+    ``on_step`` sees each step right after it is scheduled (the batch it runs with), before its results apply.
+    Token gaps are kept for every finished request.
     """
     loop = _EventLoop(engine, source, stop, max_in_flight=max_in_flight, on_step=on_step, prompts=prompts)
     return loop.run(max_steps)
@@ -201,7 +219,9 @@ class _EventLoop:
     engine (after its input path), a step ends, a last token reaches its client (after its output path).
 
     A request is in flight from its send until its last token is back: on its input path (``transit``), in the
-    engine (``slot_to_index``), then on its output path (``returning``).
+    engine (``slot_to_index``), then on its output path (``returning``). The admission check runs at the send
+    (vLLM's pre-flight) and when it reaches the engine (counted in at once); the API server's counts move when
+    a first token (``first_outputs``) or a last one is back, each applied in time order before a check.
     """
 
     def __init__(self, engine: EngineCore, source: ArrivalSource, stop: float, *, max_in_flight: int | None = None,
@@ -214,14 +234,13 @@ class _EventLoop:
         self.transit: list[tuple[float, int, RequestSpec]] = []  # (reaches the engine, index, spec), a heap
         self.slot_to_index: dict[int, int] = {}
         self.returning: deque[RequestRecord] = deque()  # FIFO by when they are back: every output path is alike
+        self.first_outputs: deque[tuple[float, int]] = deque()  # (first token back, index), FIFO as returning
         self.arrivals: dict[int, float] = {}  # request index -> when its client sent it
         self.gaps = _TokenGaps(engine.slots.capacity) if keep_gaps else None
 
     def run(self, max_steps: int) -> TimedResult:
         while self.result.steps < max_steps:
-            self._deliver_returned()
-            self._send_due()
-            self._admit_reached()
+            self._take_in()
             step = self.engine.schedule(self.now)
             if step is None:
                 if self._idle_to_next_event():
@@ -240,38 +259,73 @@ class _EventLoop:
     def _in_flight(self) -> int:
         return len(self.transit) + len(self.slot_to_index) + len(self.returning)
 
-    def _deliver_returned(self) -> None:
-        while self.returning and self.returning[0].finished <= self.now:
+    def _deliver_returned(self, until: float) -> None:
+        """First and last tokens back at their clients by ``until``: the API server's counts follow them."""
+        admission = self.engine.admission
+        while self.first_outputs and self.first_outputs[0][0] <= until:
+            admission.prefilled(self.first_outputs.popleft()[1])
+        while self.returning and self.returning[0].finished <= until:
             record = self.returning.popleft()
+            admission.leave(record.index)
             self.result.records.append(record)
             self.source.finished(record.index, record.finished)
 
-    def _send_due(self) -> None:
-        result = self.result
-        while self.source.next_time() <= self.now:
-            spec = self.source.take()
-            if self.max_in_flight is not None and self._in_flight() >= self.max_in_flight:
-                result.refused += 1  # keeps its index; open loop only (a closed loop never exceeds its users)
-                continue
-            index = result.issued + result.refused
-            if self.prompts is not None:
-                spec = replace(spec, prompt_ids=tuple(self.prompts(result.issued)))
-            self.arrivals[index] = spec.arrival
-            heapq.heappush(self.transit, (spec.arrival + self.engine.frontend.input_s(spec.prompt_len), index, spec))
-            result.issued += 1
+    def _next_in(self) -> float:
+        """When the next request is sent or reaches the engine."""
+        return min(self.source.next_time(), self.transit[0][0] if self.transit else math.inf)
 
-    def _admit_reached(self) -> None:
-        while self.transit and self.transit[0][0] <= self.now:
-            reach, index, spec = heapq.heappop(self.transit)
-            slot = add_to_engine(self.engine, spec, reach)
-            self.slot_to_index[slot] = index
-            if self.gaps is not None:
-                self.gaps.place(slot, index, self.engine.slots.capacity)
+    def _take_in(self) -> None:
+        """Sends and arrivals at the engine due by now, in time order, each after the tokens back before it."""
+        while True:
+            moment = min(self._next_in(), self.now)
+            self._deliver_returned(moment)
+            if self._next_in() > self.now:
+                return
+            if self._next_in() < moment:
+                continue  # a user whose request came back meanwhile sends first
+            if self.source.next_time() == moment:
+                self._send()
+            else:
+                self._reach()
+
+    def _send(self) -> None:
+        result = self.result
+        spec = self.source.take()
+        if self.max_in_flight is not None and self._in_flight() >= self.max_in_flight:
+            result.refused += 1  # keeps its index; open loop only (a closed loop never exceeds its users)
+            return
+        index = result.issued + result.refused
+        result.issued += 1
+        if self._rejected(index, spec, spec.arrival, self.engine.admission.check()):
+            return
+        if self.prompts is not None:
+            spec = replace(spec, prompt_ids=tuple(self.prompts(result.issued - 1)))
+        self.arrivals[index] = spec.arrival
+        heapq.heappush(self.transit, (spec.arrival + self.engine.frontend.input_s(spec.prompt_len), index, spec))
+
+    def _rejected(self, index: int, spec: RequestSpec, now: float, reason: str | None) -> bool:
+        """Record a refusal (``reason`` set) at once: no engine time, no output path."""
+        if reason is None:
+            return False
+        self.result.records.append(_rejected_record(index, spec, now, reason))
+        self.source.finished(index, now, rejected=True)
+        return True
+
+    def _reach(self) -> None:
+        reach, index, spec = heapq.heappop(self.transit)
+        if self._rejected(index, spec, reach, self.engine.admission.admit(index, spec.prompt_len)):
+            del self.arrivals[index]
+            return
+        slot = add_to_engine(self.engine, spec, reach)
+        self.slot_to_index[slot] = index
+        if self.gaps is not None:
+            self.gaps.place(slot, index, self.engine.slots.capacity)
 
     def _idle_to_next_event(self) -> bool:
         """Nothing to schedule: move the clock to the next event before the stop; False when there is none."""
         due = min(self.source.next_time(), self.transit[0][0] if self.transit else math.inf,
-                  self.returning[0].finished if self.returning else math.inf)
+                  self.returning[0].finished if self.returning else math.inf,
+                  self.first_outputs[0][0] if self.first_outputs else math.inf)
         if due >= self.stop or due == math.inf:
             self.now = self.stop if self.stop < math.inf else self.now  # idle to the stop: the run still lasted
             return False
@@ -290,6 +344,9 @@ class _EventLoop:
         self.now = step.end
         if self.gaps is not None and last_token is not None:
             self.gaps.add(output, self.now, last_token)
+        back = self.now + engine.frontend.output_s
+        for slot in output.token_slots[output.token_index == 1].tolist():
+            self.first_outputs.append((back, self.slot_to_index[slot]))
         for slot, reason in zip(output.finished_slots.tolist(), output.finish_reasons.tolist(), strict=True):
             index = self.slot_to_index.pop(slot)
             self.returning.append(_record(engine, slot, index, self.arrivals.pop(index), reason))
