@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 from batchscope.inputs import exits
+from batchscope.tuner.compare import Comparison
 from batchscope.tuner.mlperf import FOLDER_PREFIX, SCENARIOS, ServerRules, describe, nothing_measured, run_scenario
 from batchscope.tuner.plan import Plan, PlanError, load_plan, plan_runs
-from batchscope.tuner.report import WHAT_IF_SUFFIX, scenario_dirs
+from batchscope.tuner.report import WHAT_IF_SUFFIX, console_lines, scenario_dirs
 from batchscope.tuner.results import PLAN_FILE, CannotWrite, check_writable, load_results
 from batchscope.tuner.run import Interrupted, Progress, StopOnSignal, nothing_compared, run_plan
 
@@ -133,8 +134,13 @@ def run_report(args: argparse.Namespace) -> int:
 def _print_report(plan_dir: Path) -> None:
     from batchscope.tuner.report import write_report  # matplotlib and the statistics: loaded only to write a report
 
-    for path in write_report(plan_dir):
+    written = write_report(plan_dir)
+    for path in written:
         print(f"report: {path}")
+    comparison = next((path for path in written if path.name == "comparison.json"), None)
+    if comparison is not None:  # goodput, rejections and the max_num_queued_tokens suggestion at a glance
+        for line in console_lines(Comparison.model_validate_json(comparison.read_text())):
+            print(line)
 
 
 def _error(message: str, command: str = "tune") -> int:

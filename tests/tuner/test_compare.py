@@ -209,7 +209,7 @@ def test_pareto_front_drops_dominated_settings():
 def test_comparison_carries_schema_and_conditions():
     c = run_compare(make_run(), make_run("x", params={"max_num_seqs": 64}))
     data = c.model_dump(mode="json")
-    assert data["schema_version"] == 3 and data["mode"] == "real-time"
+    assert data["schema_version"] == 4 and data["mode"] == "real-time"
     assert data["conditions"]["input_tokens"] == 512 and data["slos"]["ttft_p99_s"] == 2.0
     assert Comparison.model_validate_json(c.model_dump_json()) == c
 

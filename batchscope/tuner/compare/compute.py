@@ -30,6 +30,7 @@ from batchscope.tuner.compare.model import (
     VariationComparison,
 )
 from batchscope.tuner.compare.nested import flatten
+from batchscope.tuner.compare.suggest import suggest_queued_tokens
 from batchscope.tuner.compare.verdicts import meets_slos, verdicts
 from batchscope.tuner.plan import BASELINE, TUNABLE, Objective, ServingParams, Slos
 from batchscope.tuner.results import RunResult
@@ -72,9 +73,11 @@ def compare(results: list[RunResult], slos: Slos, *, order: list[str] | None = N
         variation.explanation = explain(variation, by_name.get(BASELINE), by_name[variation.setting])
     failed = [FailedRun(setting=r.setting, repeat=r.repeat, failure=r.failure or "failed (no reason recorded)")
               for r in results if measured(r) is None]
+    suggestions = [suggestion for name in groups if (suggestion := suggest_queued_tokens(name, ok[name], slos))]
     return Comparison(plan=results[0].plan, mode=results[0].mode, conditions=results[0].conditions, slos=slos,
                       resamples=resamples, seed=seed, ci_basis=basis, settings=settings, variations=variations,
-                      verdicts=verdicts(settings, variations, slos, objective), failed=failed)
+                      verdicts=verdicts(settings, variations, slos, objective), failed=failed,
+                      queued_tokens=suggestions)
 
 
 def check_comparable(results: list[RunResult]) -> None:
@@ -121,7 +124,8 @@ def _summarise(name: str, params: ServingParams, runs: list[RunResult], ok: list
                slos: Slos) -> SettingSummary:
     values = {m.key: mean_present([m.read(r) for r in ok]) for m in METRICS}
     signal_names = ("preemptions", "queue_time_mean_s", "prefill_time_mean_s", "decode_time_mean_s",
-                    "tokens_per_step_mean", "max_waiting", "max_running", "kv_usage_peak", "kv_usage_mean")
+                    "tokens_per_step_mean", "max_waiting", "max_running", "kv_usage_peak", "kv_usage_mean",
+                    "admission_rejections")
     signals = {field: mean_present([getattr(r.server, field) for r in ok]) for field in signal_names}
     capacity = next((r.server.kv_capacity_tokens for r in ok if r.server.kv_capacity_tokens is not None), None)
     reported = next((r.reported for r in runs if r.status == "ok" and r.reported is not None), None)

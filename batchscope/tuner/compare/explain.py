@@ -15,6 +15,7 @@ QUEUE_RATIO, QUEUE_MIN_S = 2.0, 0.05
 WAITING_MIN = 4
 PREEMPT_RATIO, PREEMPT_MIN = 2.0, 10
 KV_FULL = 0.99
+REJECTED_MIN = 0.01  # admission rejections are a cause when their share of arrivals moved by >= 1 point
 CAP_FRACTION = 0.9
 ALSO_MIN = 0.05  # a group's other metric is named beside the lead only when it moved by >= 5%
 ALSO_MAX = 2  # and at most this many of them
@@ -112,12 +113,15 @@ class _Facts:
     def clause(self, effect: _Effect) -> str:
         up = effect.up
         if effect.group == TTFT:
-            reasons = [self._steps(more=not up, prefill=True), self._prefill(up), self._queue(up), self._preempt(up)]
+            # fewer requests let in wait less: a latency won by turning arrivals away says so first
+            reasons = [self._rejections(more=not up), self._steps(more=not up, prefill=True), self._prefill(up),
+                       self._queue(up), self._preempt(up)]
             return self._clause(effect.head(), reasons, ": ")
         if effect.group == PER_TOKEN:
             stutter = self._stutter() if up and effect.has("itl_p99") else None
-            reasons = [stutter, self._steps(more=up, prefill=False), self._running(up), self._preempt(up)]
-            return self._clause(effect.head(), reasons, ": " if stutter else " ")
+            chunked = None if up else self._chunked()
+            reasons = [stutter, chunked, self._steps(more=up, prefill=False), self._running(up), self._preempt(up)]
+            return self._clause(effect.head(), reasons, ": " if stutter or chunked else " ")
         label = "throughput" if effect.lead.metric == "completion_throughput_rps" else None
         return self._clause(effect.head(label), [self._preempt(not up), self._running(up)], ": ")
 
@@ -163,6 +167,20 @@ class _Facts:
         if up and raised is not None:
             text += f" — max_num_batched_tokens {raised:,} prefills several prompts together in longer steps"
         return text
+
+    def _chunked(self) -> str | None:
+        """Per-token latency down with a long-prefill cap set or lowered, shown binding by a longer prefill: each
+        step carries a slice of a long prompt, no longer the whole of it, beside the running decodes."""
+        change = self.changed.get("long_prefill_token_threshold")
+        moved = self._moved("prefill_time_mean_s", True)
+        if "prefill" in self.cited or change is None or moved is None or not isinstance(change.value, int) \
+                or not change.value or (isinstance(change.baseline, int) and 0 < change.baseline <= change.value):
+            return None
+        self.cited.add("prefill")
+        a, b = moved
+        return f"long_prefill_token_threshold {change.value:,} gives a prompt at most that many tokens of a step, so " \
+               f"a decode no longer shares its step with a whole prompt; prefill takes {b / a:.1f}× longer for it " \
+               f"(prefill time mean {num(a, 's')} → {num(b, 's')})"
 
     def _stutter(self) -> str | None:
         """Tail ITL up: a decode's gap is a whole step, and a step that carries a long prefill is a long one."""
@@ -244,6 +262,36 @@ class _Facts:
             return f"preemptions gone ({num(a)} → 0)"
         return None
 
+    def _rejections(self, more: bool) -> str | None:
+        """vLLM's admission check refused a larger (or smaller) share of the arrivals, past REJECTED_MIN and with
+        the count's interval excluding 0; the cap the variation set or tightened is named."""
+        rejected = self.v.metric("rejected")
+        share = self.v.metric("rejected_share")
+        a, b = share.baseline or 0.0, share.value or 0.0
+        if "rejected" in self.cited or not counts(rejected) or not (b - a >= REJECTED_MIN if more
+                                                                      else a - b >= REJECTED_MIN):
+            return None
+        self.cited.add("rejected")
+        if not more:
+            return f"fewer arrivals rejected ({num(a, 'ratio')} → {num(b, 'ratio')}), so more of them wait"
+        cap = self._admission_cap()
+        return f"{cap + ', ' if cap else ''}{num(b, 'ratio')} of arrivals rejected (baseline {num(a, 'ratio')})"
+
+    def _admission_cap(self) -> str | None:
+        """The admission limit the variation set or lowered, in words."""
+        for name, words in (("max_num_queued_reqs", "the queue is capped at {} requests"),
+                            ("max_num_queued_tokens", "the prefill backlog is capped at {} tokens")):
+            change = self.changed.get(name)
+            if change is not None and isinstance(change.value, int) and (
+                    not isinstance(change.baseline, int) or change.value < change.baseline):
+                text = words.format(f"{change.value:,}") + f" ({name})"
+                seqs = self.params.max_num_seqs
+                if name == "max_num_queued_reqs" and seqs is not None and change.value < seqs:
+                    # vLLM counts waiting + running against it: below max_num_seqs it caps the batch as well
+                    text += f", below max_num_seqs {seqs}, so it caps the running batch too"
+                return text
+        return None
+
     def _knob(self, name: str, raised: bool) -> int | float | None:
         """The new value of a numeric parameter the variation raised (or lowered), else None."""
         change = self.changed.get(name)
@@ -261,8 +309,9 @@ class _Facts:
     # --- what is left to say --------------------------------------------------------------------------
 
     def leftovers(self) -> list[str]:
-        """Notable signals no clause cited: preemptions (or their absence) and a full KV cache."""
-        out = []
+        """Notable signals no clause cited: admission rejections, preemptions (or their absence), a full KV cache."""
+        rejected = self._rejections(more=True) or self._rejections(more=False)
+        out = [rejected] if rejected else []
         preempt = self._preempt(True) or self._preempt(False)
         if preempt:
             out.append(preempt)

@@ -60,6 +60,12 @@ METRICS: tuple[MetricDef, ...] = (
     # completed requests whose own TTFT and TPOT met the plan's SLOs, per second (vLLM bench serve's goodput)
     MetricDef("goodput_rps", "goodput", "req/s", "higher", lambda r: r.client.goodput_rps,
               count=lambda r: r.client.good_completed or 0),
+    # refused by vLLM's admission check (HTTP 503): not completed, so never good; the share is of every request
+    # that ended in the window, the count behind both the rejections
+    MetricDef("rejected", "rejected (admission)", "count", "lower", lambda r: r.client.rejected_total,
+              count=lambda r: r.client.rejected_total),
+    MetricDef("rejected_share", "rejected share", "ratio", "lower", lambda r: r.client.rejected_share,
+              count=lambda r: r.client.rejected_total),
     MetricDef("completion_throughput_rps", "completion throughput", "req/s", "higher",
               lambda r: r.client.completion_throughput_rps, count=lambda r: r.client.completed),
     # tokens per completed request scale the count: the tokens arrive with the requests that carry them

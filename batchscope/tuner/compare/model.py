@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from batchscope.loadgen import WorkloadSpec
 from batchscope.runs.provenance import Provenance
 from batchscope.tuner.compare.bootstrap import CONFIDENCE, MIN_REPEATS, RESAMPLES, SEED, Evidence, Method
+from batchscope.tuner.compare.suggest import QueuedTokensSuggestion
 from batchscope.tuner.plan import Objective, ServingParams, Slos
 from batchscope.tuner.results import ServerReport
 from batchscope.vllm import knobs as vllm_knobs
@@ -19,7 +20,8 @@ from batchscope.vllm import knobs as vllm_knobs
 # 2: a knob in a setting's params or a ParamChange may be None (not passed, vLLM's default); settings say what
 # the server reported choosing (SettingSummary.reported)
 # 3: significance is run-level (MetricDelta.evidence, p_value; method "runs" replaces "repeats"; ci_basis "runs")
-SCHEMA_VERSION: Final = 3
+# 4: admission rejections compared (metrics rejected, rejected_share); max_num_queued_tokens suggestions
+SCHEMA_VERSION: Final = 4
 
 
 class MetricDelta(BaseModel):
@@ -148,7 +150,7 @@ class FailedRun(BaseModel):
 class Comparison(Provenance):
     """Every variation of a plan against its baseline, with the conditions and SLOs that framed it."""
 
-    schema_version: Literal[3] = Field(SCHEMA_VERSION, description="Bumped when a field changes meaning.")
+    schema_version: Literal[4] = Field(SCHEMA_VERSION, description="Bumped when a field changes meaning.")
     plan: str = Field(description="Plan name.")
     mode: Literal["real-time", "what-if"] = Field(description="How every compared run was measured.")
     conditions: WorkloadSpec = Field(description="The locked workload shared by every run.")
@@ -164,6 +166,17 @@ class Comparison(Provenance):
     variations: list[VariationComparison] = Field(description="Each variation against the baseline.")
     verdicts: Verdicts = Field(description="Best per objective; SLOs met; Pareto front.")
     failed: list[FailedRun] = Field(description="Runs that failed, with their one-line failure.")
+    queued_tokens: list[QueuedTokensSuggestion] = Field(default_factory=list, description="A max_num_queued_tokens "
+                                                        "per setting with a measured prefill throughput (vLLM's "
+                                                        "guidance: the plan's p99 TTFT bound x that throughput).")
+
+    def queued_tokens_for(self) -> QueuedTokensSuggestion | None:
+        """The suggestion for the setting one would deploy: the recommended one, else the closest to the SLOs,
+        else the baseline (None when that one has no suggestion)."""
+        r = self.verdicts.recommendation
+        pick = (r.setting or r.closest) if r is not None else None
+        by_setting = {s.setting: s for s in self.queued_tokens}
+        return by_setting.get(pick or "", by_setting.get("baseline"))
 
     def setting(self, name: str) -> SettingSummary:
         return next(s for s in self.settings if s.setting == name)

@@ -1,13 +1,11 @@
 """The answers a comparison gives: the one recommendation, the best setting per objective, the SLOs met, the front.
 
-Pure: the settings' summaries and the variations' deltas in, Verdicts out.
-
-The recommendation ranks the settings that met the SLOs by the plan's objective (default goodput: completed
-requests per second whose own TTFT and TPOT met the SLOs); the runner-up is the next. A setting that preempts or
-loses throughput against the baseline carries that as a caveat, in the recommendation and in every latency
+Pure: the settings' summaries and the variations' deltas in, Verdicts out. The recommendation ranks the settings
+that met the SLOs by the plan's objective (default goodput: completed requests per second whose own TTFT and TPOT
+met the SLOs, a rejected one never among them); the runner-up is the next. What a setting pays against the
+baseline (arrivals rejected, preemptions, lost throughput) is a caveat in the recommendation and in every latency
 verdict, so it is never picked for its latency silently. When no setting met the SLOs, nothing is recommended and
-the closest one is named. Whether a delta counts is asked of one helper (`evidence`), the same the explanations
-use.
+the closest one is named. Whether a delta counts is asked of one helper (`evidence`), the explanations' too.
 """
 
 from __future__ import annotations
@@ -142,10 +140,16 @@ def _excess(s: SettingSummary, slos: Slos) -> float | None:
 
 
 def costs(variation: VariationComparison | None) -> list[str]:
-    """What a setting pays against the baseline that a latency figure hides: preemptions, lost throughput."""
+    """What a setting pays against the baseline that a latency figure hides: arrivals rejected, preemptions, lost
+    throughput."""
     if variation is None:
         return []
     out = []
+    rejected, share = variation.metric("rejected"), variation.metric("rejected_share")
+    if counts(rejected) and (rejected.delta or 0) > 0 and share.value is not None:
+        # the latency and the goodput of the rest: a rejected request is never completed, never good
+        out.append(f"it rejects {share.value:.0%} of arrivals at admission ({rejected.value:,.0f} in the window, "
+                   f"baseline {share.baseline or 0:.0%}): its figures are those of the requests it let in")
     preempt = variation.metric("preemptions")
     if counts(preempt) and (preempt.delta or 0) > 0:
         out.append(f"it preempts ({preempt.value:,.0f} preemptions, baseline {preempt.baseline or 0:,.0f})")

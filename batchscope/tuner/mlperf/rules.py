@@ -21,7 +21,8 @@ from batchscope.tuner.results import RunResult, now_iso
 
 SCHEMA_VERSION: Final = 2  # 2: points hold their checks, flow and enforced timing; the search its rules
 POINT_RULE = ("a point passes when every check does: latency (p99 TTFT and p99 TPOT of the requests completed "
-              "in the window within the bounds), kept up (completed / offered), queue growth (waiting, second "
+              "in the window within the bounds), kept up (completed / offered; a query rejected at admission is "
+              "offered, not completed), queue growth (waiting, second "
               "half vs first), backlog (waiting at the end drains within the TTFT bound), query count; a run with "
               "no completed request, or a failed one, fails")
 FOLDER_PREFIX = "mlperf-"  # a scenario's results: results/<plan>[.what-if]/mlperf-<scenario>/
@@ -94,6 +95,8 @@ class ServerPoint(BaseModel):
     min_queries: int = Field(0, description="Queries the window had to receive.")
     offered: int = Field(0, description="Arrivals scheduled in the window, sent or refused.")
     completed: int = Field(0, description="Requests completed ok in the window.")
+    rejected: int = Field(0, description="Requests vLLM's admission check refused in the window: offered, never "
+                          "completed.")
     flow: PointFlow | None = Field(None, description="The window's arrivals and waiting queue (None: run failed).")
     ttft_p99_s: float | None = Field(None, description="p99 TTFT of the window's completed requests, seconds.")
     tpot_p99_s: float | None = Field(None, description="p99 TPOT of the window's completed requests, seconds.")
@@ -146,11 +149,13 @@ def judge(rate: float, run: RunResult, flow: PointFlow | None, slos: Slos, rules
         return ServerPoint(rate_rps=rate, meets=False, **timing,
                            failure=run.failure or "no request completed in the window")
     throughput = client.completion_throughput_rps
-    checks = [_latency(client.ttft.p99, client.tpot.p99, slos), _kept_up(client.completed, flow.offered, rules),
+    checks = [_latency(client.ttft.p99, client.tpot.p99, slos),
+              _kept_up(client.completed, flow.offered, rules, client.rejected_total),
               _queue_growth(flow, rules), _backlog(flow.waiting_end, throughput, slos.ttft_p99_s),
               _query_count(flow.offered, rules.min_queries)]
     return ServerPoint(rate_rps=rate, meets=all(c.passed for c in checks), checks=checks, **timing,
-                       offered=flow.offered, completed=client.completed, flow=flow, ttft_p99_s=client.ttft.p99,
+                       offered=flow.offered, completed=client.completed, rejected=client.rejected_total, flow=flow,
+                       ttft_p99_s=client.ttft.p99,
                        tpot_p99_s=client.tpot.p99, completion_throughput_rps=throughput)
 
 
@@ -172,11 +177,13 @@ def _within(value: float | None, bound: float | None) -> bool:
     return bound is None or value is None or value <= bound
 
 
-def _kept_up(completed: int, offered: int, rules: ServerRules) -> PointCheck:
+def _kept_up(completed: int, offered: int, rules: ServerRules, rejected: int = 0) -> PointCheck:
+    # a query vLLM's admission check refused is offered and not completed: a rate held by refusing is not sustained
     ratio = completed / offered if offered else 1.0
     passed = ratio >= rules.kept_up_ratio
+    refused = f"; {rejected} rejected at admission, not completed" if rejected else ""
     return PointCheck(name="kept up", passed=passed, detail=f"completed {completed} of {offered} offered "
-                      f"({ratio:.1%} {'≥' if passed else '<'} {rules.kept_up_ratio:.0%})")
+                      f"({ratio:.1%} {'≥' if passed else '<'} {rules.kept_up_ratio:.0%}{refused})")
 
 
 def _queue_growth(flow: PointFlow, rules: ServerRules) -> PointCheck:

@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from batchscope.tuner.report.mlperf import scenario_dirs
 from batchscope.tuner.report.prediction import WHAT_IF_SUFFIX
+from batchscope.tuner.report.text import console_lines
 
 if TYPE_CHECKING:
     from batchscope.tuner.report.files import write_report
 
-__all__ = ["WHAT_IF_SUFFIX", "scenario_dirs", "write_report"]
+__all__ = ["WHAT_IF_SUFFIX", "console_lines", "scenario_dirs", "write_report"]
 
 
 def __getattr__(name: str) -> Any:

@@ -21,13 +21,18 @@ from batchscope.tuner.report.plots import PLOTS, png
 from batchscope.tuner.report.prediction import prediction_blocks
 from batchscope.tuner.report.recommendation import recommendation_lines
 from batchscope.tuner.report.text import (
+    ADMISSION_HEAD,
     METRIC_HEAD,
+    QUEUED_TOKENS_HEAD,
     SETTINGS_HEAD,
+    admission_rows,
     changed_text,
     ci_line,
     conditions_rows,
     metric_rows,
     mode_line,
+    queued_tokens_lines,
+    queued_tokens_rows,
     settings_rows,
     slo_text,
     verdict_lines,
@@ -111,7 +116,11 @@ def render_markdown(c: Comparison, scenarios: list[Block] | None = None) -> str:
            "## Locked conditions", "", md_table(["condition", "value"], [list(r) for r in conditions_rows(c)]), "",
            f"SLOs: {slo_text(c.slos)}.", "",
            "## Settings", "", md_table(SETTINGS_HEAD, settings_rows(c)), "",
-           "## Verdicts", "", *[f"- {line}" for line in verdict_lines(c)], ""]
+           "## Verdicts", "", *[f"- {line}" for line in verdict_lines(c)], "",
+           "## Goodput and admission rejections", "", md_table(ADMISSION_HEAD, admission_rows(c)), "",
+           *[f"{line}\n" for line in queued_tokens_lines(c)]]
+    if c.queued_tokens:
+        out += [md_table(QUEUED_TOKENS_HEAD, queued_tokens_rows(c)), ""]
     for v in c.variations:
         out += [f"## {v.setting}: {changed_text(c, v.setting)}", "", f"**Explanation:** {v.explanation}", "",
                 md_table(METRIC_HEAD, metric_rows(v.metrics)), ""]
@@ -175,7 +184,11 @@ def render_html(c: Comparison, scenarios: list[Block] | None = None) -> str:
            "<h2>Settings</h2>",
            html_table(SETTINGS_HEAD, settings_rows(c), marks=SETTINGS_MARKS, vertical=KNOB_COLUMNS),
            "<h2>Verdicts</h2>", "<ul>" + "".join(f"<li>{markdown_bold(x)}</li>" for x in verdict_lines(c)) + "</ul>",
-           "<h2>Plots</h2>"]
+           "<h2>Goodput and admission rejections</h2>", html_table(ADMISSION_HEAD, admission_rows(c)),
+           *[f"<p>{markdown_bold(line)}</p>" for line in queued_tokens_lines(c)]]
+    if c.queued_tokens:
+        out.append(html_table(QUEUED_TOKENS_HEAD, queued_tokens_rows(c)))
+    out.append("<h2>Plots</h2>")
     out += [html_figure(plot_id, caption, png(figure(c))) for plot_id, caption, figure in PLOTS]
     for v in c.variations:
         out += [f"<h2>{html.escape(v.setting)}: {html.escape(changed_text(c, v.setting))}</h2>",

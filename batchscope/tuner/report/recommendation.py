@@ -99,6 +99,9 @@ def _why(c: Comparison, r: Recommendation, pick: SettingSummary) -> str:
     good, done = pick.values.get("goodput_rps"), pick.values.get("completion_throughput_rps")
     if good is not None and done:
         parts.append(f"{good / done:.0%} of its {shown(done, 'req/s')} req/s completed within the SLOs")
+    share = pick.values.get("rejected_share")
+    if share:
+        parts.append(f"{share:.0%} of arrivals rejected by vLLM's admission check (never good, never completed)")
     for key, bound in (("ttft_p99", c.slos.ttft_p99_s), ("tpot_p99", c.slos.tpot_p99_s)):
         if bound is not None:
             parts.append(f"{_figure(pick, key)} ≤ {bound * 1000:,.0f} ms")

@@ -159,3 +159,52 @@ def verdict_lines(c: Comparison) -> list[str]:
     lines.append(f"Met the SLOs ({slo_text(c.slos)}): {met}")
     lines.append(f"Pareto front, TTFT p99 vs TPOT p99: {', '.join(c.verdicts.pareto_ttft_tpot) or 'none'}")
     return lines
+
+
+ADMISSION_HEAD = ["setting", "goodput (req/s)", "completion throughput (req/s)", "rejected (admission)",
+                  "rejected share (%)", "vLLM's admission counter +", "TTFT p99 (ms)", "meets SLOs"]
+
+
+def admission_rows(c: Comparison) -> list[list[str]]:
+    """Per setting: goodput beside the arrivals vLLM's admission check refused (the client's count and share, the
+    server's counter increase), and the TTFT they buy."""
+    rows = []
+    for s in c.settings:
+        cells = [shown(s.values.get(key), METRIC_BY_KEY[key].unit) for key in
+                 ("goodput_rps", "completion_throughput_rps", "rejected", "rejected_share")]
+        counter = s.signals.get("admission_rejections")
+        rows.append([s.setting, *cells, "n/a" if counter is None else shown(counter, "count"),
+                     shown(s.values.get("ttft_p99"), "s"), {True: "✓", False: "✗", None: "n/a"}[s.meets_slos]])
+    return rows
+
+
+def queued_tokens_lines(c: Comparison) -> list[str]:
+    """The suggested max_num_queued_tokens with its inputs (vLLM's guidance: TTFT target x prefill throughput)."""
+    pick = c.queued_tokens_for()
+    if pick is None:
+        why = "the plan sets no p99 TTFT bound" if c.slos.ttft_p99_s is None else "no run measured a prefill"
+        return [f"Suggested max_num_queued_tokens: none ({why})."]
+    return [f"Suggested max_num_queued_tokens for {pick.setting}: **{pick.max_num_queued_tokens:,}** = TTFT target "
+            f"{pick.ttft_target_s:g} s (the plan's p99 TTFT bound) × prefill throughput "
+            f"{pick.prefill_tokens_per_s:,.0f} tokens/s ({pick.source_text}), vLLM's guidance: a request admitted "
+            f"behind that many prompt tokens still in prefill gets its first token within about the target.",
+            "The throughput is the one this plan's load drew: below saturation it is the prompts offered, not what "
+            "the server could prefill, and the value is low; under a load above capacity, as here when requests "
+            "waited or were rejected, it is the server's."]
+
+
+QUEUED_TOKENS_HEAD = ["setting", "TTFT target (s)", "prefill throughput (tokens/s)", "measured from",
+                      "max_num_queued_tokens"]
+
+
+def queued_tokens_rows(c: Comparison) -> list[list[str]]:
+    return [[q.setting, f"{q.ttft_target_s:g}", f"{q.prefill_tokens_per_s:,.0f}", q.source,
+             f"{q.max_num_queued_tokens:,}"] for q in c.queued_tokens]
+
+
+def console_lines(c: Comparison) -> list[str]:
+    """What `batchscope tune` and `batchscope report` print after the files: each setting's goodput, rejections
+    and TTFT p99, and the suggested max_num_queued_tokens with its inputs."""
+    lines = [f"{row[0]}: goodput {row[1]} req/s, rejected {row[3]} ({row[4]}%), TTFT p99 {row[6]} ms, meets SLOs "
+             f"{row[7]}" for row in admission_rows(c)]
+    return [*lines, queued_tokens_lines(c)[0].replace("**", "")]

@@ -19,7 +19,6 @@ from batchscope.tuner.results.record import (
 )
 from batchscope.tuner.results.signals import (
     MetricsPoint,
-    first_answered_tokens,
     good_count,
     measured_client,
     parse_metrics,
@@ -31,7 +30,7 @@ from batchscope.tuner.results.signals import (
 
 __all__ = [
     "PLAN_FILE", "RUN_FILE", "CannotWrite", "ClientFigures", "MetricsPoint", "RequestSamples", "RunResult",
-    "RunStart", "ServerReport", "ServerSignals", "check_writable", "first_answered_tokens",
+    "RunStart", "ServerReport", "ServerSignals", "check_writable",
     "good_count", "hit_rate", "load_results", "measured_client", "now_iso", "parse_metrics", "read_summary",
     "samples_of", "save", "server_report", "server_signals", "write_atomically",
 ]

@@ -131,38 +131,29 @@ def read_summary(load_dir: Path) -> Summary | None:
     return Summary.model_validate_json(path.read_text()) if path.exists() else None
 
 
-def client_figures(summary: Summary, good: int | None = None, prefill_tokens: float | None = None) -> ClientFigures:
-    """The summary's own figures (its window rule, its percentiles, its admission rejections), goodput from `good`,
-    the window's completed requests that met the SLOs (good_count), and the prefill throughput from
-    `prefill_tokens`, the prompt tokens first answered in the window (first_answered_tokens)."""
+def client_figures(summary: Summary, good: int | None = None) -> ClientFigures:
+    """The summary's own figures (its window rule, its percentiles, its admission rejections, its prompt tokens
+    first answered in the window: total minus output tokens), and goodput from `good`, the window's completed
+    requests that met the SLOs (good_count)."""
     window = summary.effective_duration_s
-
-    def rate(count: float | None) -> float | None:
-        return None if count is None else count / window if window else 0.0
-
     return ClientFigures(
         ttft=summary.ttft, tpot=summary.tpot, itl=summary.itl, e2e=summary.e2e,
         completion_throughput_rps=summary.completion_throughput_rps,
         output_tokens_per_s=summary.output_tokens_per_s, completed=summary.completed,
-        errors=sum(summary.failed.values()), window_s=window, good_completed=good, goodput_rps=rate(good),
+        errors=sum(summary.failed.values()), window_s=window, good_completed=good,
+        goodput_rps=None if good is None else good / window if window else 0.0,
         rejected={reason: n for reason, n in summary.admission_rejections.items() if n},
-        rejected_share=summary.rejected_share, prefill_tokens_per_s=rate(prefill_tokens),
+        rejected_share=summary.rejected_share,
+        prefill_tokens_per_s=summary.total_tokens_per_s - summary.output_tokens_per_s,
     )
 
 
-def measured_client(records_path: Path, summary: Summary, slos: Slos, input_tokens: int
-                    ) -> tuple[ClientFigures, RequestSamples]:
+def measured_client(records_path: Path, summary: Summary, slos: Slos) -> tuple[ClientFigures, RequestSamples]:
     """A real-time run's client figures and per-request values: the summary's figures, and from its records
-    (read once) goodput, the prefill throughput and the values of the requests the summary's figures count."""
-    records = read_records(records_path)
-    window = summary_window(summary)
-    counted_records = [record for record in records if counted(record, window)]
-    prefill = first_answered_tokens(records, window, input_tokens)
-    return client_figures(summary, good_count(counted_records, slos), prefill), samples_of(counted_records)
-
-
-def summary_window(summary: Summary) -> MeasurementWindow:
-    return MeasurementWindow(summary.window_start_s, summary.window_start_s + summary.effective_duration_s)
+    (read once) goodput and the values of the requests the summary's figures count."""
+    window = MeasurementWindow(summary.window_start_s, summary.window_start_s + summary.effective_duration_s)
+    counted_records = [record for record in read_records(records_path) if counted(record, window)]
+    return client_figures(summary, good_count(counted_records, slos)), samples_of(counted_records)
 
 
 def read_records(records_path: Path) -> list[RequestRecord]:
@@ -176,14 +167,6 @@ def read_records(records_path: Path) -> list[RequestRecord]:
         fields = json.loads(line)
         records.append(RequestRecord(**{k: v for k, v in fields.items() if k in RequestRecord.__dataclass_fields__}))
     return records
-
-
-def first_answered_tokens(records: list[RequestRecord], window: MeasurementWindow, input_tokens: int) -> float:
-    """Prompt tokens of the requests whose first token arrived in the window, whatever became of them: the prompts
-    the server finished prefilling there, as the client sees it (a record without usage counts the spec's
-    input_tokens, the length every request is sent with)."""
-    return float(sum(input_tokens if r.prompt_tokens is None else r.prompt_tokens for r in records
-                     if r.first_token_s is not None and window.covers(r.first_token_s)))
 
 
 def good_count(records: list[RequestRecord], slos: Slos) -> int:

@@ -91,7 +91,7 @@ def measured(plan: Plan, base: RunStart, kv_capacity_tokens: int | None, load: L
     failure = summary.failure or (f"load generator exited with status {code}" if code else None)
     signals = server_signals(points, summary.window_start_s, window_end, kv_capacity_tokens) \
         if points else None
-    client, samples = measured_client(records, summary, plan.slos, plan.workload.input_tokens)
+    client, samples = measured_client(records, summary, plan.slos)
     result = RunResult(**base, finished_at=finished_at, status="failed" if code else "ok", failure=failure,
                        client=client, samples=samples, server=signals,
                        prometheus=query_prometheus(plan.prometheus_url, summary.window_start_s, window_end))
