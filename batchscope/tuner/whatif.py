@@ -64,6 +64,7 @@ from batchscope.tuner.results import (
     now_iso,
     samples_of,
 )
+from batchscope.vllm import admission
 from batchscope.workload import poisson
 from batchscope.workload.prompt_layout import ID_HIGH, ID_LOW, id_range, prompt_ids
 
@@ -116,8 +117,9 @@ def run_what_if(plan: Plan, setting: str, params: ServingParams, repeat: int,
     # the load generator's window on the virtual clock: the run started at 0 and stopped at its end
     window = final_window(spec, 0.0, run.duration, [record.finished for record in run.records])
     stats.close(engine, window.end_s)
-    server = stats.signals(deployment.kv_plan.kv_cache_tokens)
-    client, samples = client_figures(run, window, server.generation_tokens, plan.slos)
+    client, samples = client_figures(run, window, stats.generation_tokens(), plan.slos)
+    # the simulator counts a refusal as it answers it, on the same virtual instant: the client's count is its own
+    server = stats.signals(deployment.kv_plan.kv_cache_tokens, client.rejected_total)
     failure = None if client.completed else "no request completed in the measurement window"
     return RunResult(**base, finished_at=now_iso(), status="failed" if failure else "ok", failure=failure,
                      client=client, server=server, samples=samples)
@@ -225,9 +227,15 @@ class WindowStats:
         self.end = end
         self.after = snapshot(engine.stats)
 
-    def signals(self, kv_capacity_tokens: int) -> ServerSignals:
+    def delta(self) -> dict[str, float]:
         before = self.after if self.before is None else self.before  # no step delivered in the window: no change
-        delta = {name: self.after[name] - before[name] for name in self.after}
+        return {name: self.after[name] - before[name] for name in self.after}
+
+    def generation_tokens(self) -> float:
+        return self.delta()["generation_tokens"]
+
+    def signals(self, kv_capacity_tokens: int, admission_rejections: float) -> ServerSignals:
+        delta = self.delta()
 
         def mean(name: str) -> float | None:
             count = delta[f"{name}_count"]
@@ -241,7 +249,8 @@ class WindowStats:
             kv_usage_peak=self.kv_peak, kv_usage_mean=self.kv_area / max(self.end - self.start, 1e-9),
             kv_capacity_tokens=kv_capacity_tokens, prefix_cache_queries=delta["prefix_queries"],
             prefix_cache_hits=delta["prefix_hits"],
-            prefix_cache_hit_rate=hit_rate(delta["prefix_queries"], delta["prefix_hits"]))
+            prefix_cache_hit_rate=hit_rate(delta["prefix_queries"], delta["prefix_hits"]),
+            admission_rejections=admission_rejections)
 
 
 def snapshot(stats: EngineStats) -> dict[str, float]:
@@ -259,7 +268,8 @@ def snapshot(stats: EngineStats) -> dict[str, float]:
 def client_figures(run: TimedResult, window: MeasurementWindow, output_tokens: float, slos: Slos
                    ) -> tuple[ClientFigures, RequestSamples]:
     """The virtual records folded through the load generator's figures (batchscope/loadgen/figures/figures.py) as a
-    real run's are, every ITL gap kept (ExactGaps: the records are in memory anyway).
+    real run's are, every ITL gap kept (ExactGaps: the records are in memory anyway), a refused request as its
+    rejected_busy record.
 
     ``output_tokens``: tokens delivered in the window, cut requests' included (the engine's count); goodput counts
     the requests whose own TTFT and TPOT met ``slos`` (Slos.count_met, as a real run's).
@@ -271,14 +281,25 @@ def client_figures(run: TimedResult, window: MeasurementWindow, output_tokens: f
     window_records = [record for record in records if counted(record, window)]
     duration = window.duration_s
     good = good_count(window_records, slos)
+    rejected = sum(figures.rejected.values())
+    ended = figures.completed + sum(figures.failed.values()) + rejected  # the summary's rejected_share
     client = ClientFigures(
         **latencies(figures), completion_throughput_rps=figures.completed / duration,
         output_tokens_per_s=output_tokens / duration, completed=figures.completed,
-        errors=sum(figures.failed.values()), window_s=duration, good_completed=good, goodput_rps=good / duration)
+        errors=sum(figures.failed.values()), window_s=duration, good_completed=good, goodput_rps=good / duration,
+        rejected={reason: n for reason, n in figures.rejected.items() if n},
+        rejected_share=rejected / ended if ended else None,
+        prefill_tokens_per_s=figures.prompt_tokens / duration)
     return client, samples_of(window_records)
 
 
 def as_measured(record: VirtualRecord, gaps: np.ndarray | None) -> RequestRecord:
-    """A virtual request as the load generator records a measured one, sent at its arrival; ``gaps``: its ITL."""
+    """A virtual request as the load generator records a measured one, sent at its arrival; ``gaps``: its ITL. One
+    the admission check refused is the load generator's rejected_busy record (vLLM's 503, its reason), ended when
+    its answer came back."""
+    if record.rejected is not None:
+        return RequestRecord(request_id=str(record.index), worker=0, scheduled_s=record.arrival,
+                             sent_s=record.arrival, end_s=record.finished, outcome="rejected_busy",
+                             status=admission.STATUS, reject_reason=record.rejected)
     return timed_elsewhere(str(record.index), record.arrival, record.first_token, record.finished,
                            [] if gaps is None else gaps.tolist(), record.prompt_tokens, record.output_tokens)

@@ -4,14 +4,18 @@ MLPerf's server scenario make of them."""
 
 from __future__ import annotations
 
+import pytest
+
 from batchscope.tuner.compare import Comparison, compare
 from batchscope.tuner.mlperf.rules import PointFlow, ServerRules, judge
-from batchscope.tuner.plan import Slos
+from batchscope.tuner.plan import Plan, ServingParams, Slos
 from batchscope.tuner.report.files import render_markdown
 from batchscope.tuner.report.text import console_lines, queued_tokens_lines
 from batchscope.tuner.results import RunResult
 from batchscope.tuner.results.signals import MetricsPoint, server_signals
+from batchscope.tuner.whatif import run_what_if
 from batchscope.vllm.catalogue import ADMISSION_REJECTIONS, PROMPT_TOKENS
+from tests.tuner.support import tiny_plan
 from tests.tuner.test_compare import make_run
 
 
@@ -113,3 +117,18 @@ def test_mlperf_counts_a_query_rejected_at_admission_as_not_completed():
                                               "admission, not completed)"
     assert point.rejected == 100
     assert judge(16.0, make_run(ttft=0.3, completed=990), flow, Slos(), ServerRules()).meets
+
+
+def test_a_what_if_run_counts_the_simulators_refusals_as_the_load_generator_would():
+    # 8 users on a queue capped at 4: each refused user pauses and retries, every refusal a rejected_busy record
+    plan = Plan.model_validate(tiny_plan(workload={"input_tokens": 64, "output_tokens": 16, "timeout_s": 30,
+                                                   "load": {"mode": "concurrency", "concurrency": 8}}))
+    capped = ServingParams(model="sim-model", max_model_len=1024, max_num_queued_reqs=4)
+    run = run_what_if(plan, "mnqr-4", capped, 0)
+    client = run.client
+    assert run.status == "ok" and set(client.rejected) == {"max_num_queued_reqs"} and client.rejected_total > 0
+    assert client.rejected_share == pytest.approx(client.rejected_total / (client.completed + client.rejected_total))
+    assert run.server.admission_rejections == client.rejected_total
+    assert client.prefill_tokens_per_s == pytest.approx(run.server.prompt_tokens / client.window_s, rel=0.2)
+    free = run_what_if(plan, "baseline", plan.baseline, 0)
+    assert (free.client.rejected, free.client.rejected_share, free.server.admission_rejections) == ({}, 0.0, 0)
