@@ -1,9 +1,10 @@
 """Masking secrets wherever a command line, a flag set or a config is shown (metrics, logs, annotations, files).
 
 A flag or field is secret when a word of its name says so (key, token, secret, password, as in `--api-key`,
-`--hf-token`, `api_key`; words split at "-" and "_", so `max_num_batched_tokens` is not one); its value is
-replaced by MASK. vLLM masks the same flags in its own start-up log. A command line written as one string (a
-tuner plan's command template) is masked word by word as a shell splits it.
+`--hf-token`, `api_key`; words split at "-" and "_", so `max_num_batched_tokens` is not one) and it is not one of
+vLLM's knobs (`--long-prefill-token-threshold` is a number); its value is replaced by MASK. vLLM masks the same
+flags in its own start-up log. A command line written as one string (a tuner plan's command template) is masked
+word by word as a shell splits it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
+from batchscope.vllm.knobs import BY_NAME as KNOBS_BY_NAME
+
 MASK = "***"
 SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "credentials"}
 
 
 def is_secret(name: str) -> bool:
     """True for a flag or field name that carries a secret (``--api-key``, ``hf_token``, ``password``...)."""
-    return any(word in SECRET_WORDS for word in re.split(r"[-_]+", name.lower()))
+    words = [word for word in re.split(r"[-_]+", name.lower()) if word]
+    return "_".join(words) not in KNOBS_BY_NAME and any(word in SECRET_WORDS for word in words)
 
 
 def mask_mapping(values: Mapping[str, object]) -> dict[str, object]:

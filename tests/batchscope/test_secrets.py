@@ -13,9 +13,16 @@ def test_names_that_say_key_token_secret_or_password_are_secret(name):
     assert is_secret(name)
 
 
-@pytest.mark.parametrize("name", ["--max-num-seqs", "--model", "--port", "block_size", "--max-num-batched-tokens"])
+@pytest.mark.parametrize("name", ["--max-num-seqs", "--model", "--port", "block_size", "--max-num-batched-tokens",
+                                  "--long-prefill-token-threshold", "long_prefill_token_threshold_adaptive",
+                                  "--max-num-queued-tokens"])
 def test_the_tuning_knobs_are_not_secret(name):
     assert not is_secret(name)
+
+
+def test_a_knob_whose_name_says_token_keeps_its_value_in_a_command_line():
+    argv = ["vllm", "serve", "m", "--long-prefill-token-threshold", "256", "--hf-token", "hf_x"]
+    assert mask_argv(argv) == ["vllm", "serve", "m", "--long-prefill-token-threshold", "256", "--hf-token", MASK]
 
 
 def test_a_command_line_keeps_everything_but_secret_values():

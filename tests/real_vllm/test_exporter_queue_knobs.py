@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime
 
-import pytest
-
 from batchscope.runs.live_run import LiveRun
 from batchscope.vllm.catalogue import ADMISSION_REJECTIONS
 from tests.conftest import free_port, wait_until
@@ -37,8 +35,6 @@ def config_info(scraped: dict) -> dict[str, str]:
     return labels
 
 
-@pytest.mark.xfail(strict=True, reason="batchscope/inputs/secrets.is_secret takes --long-prefill-token-threshold for a "
-                   "secret (the word 'token'), so the live file's command line masks its value: fix needed there")
 def test_a_server_started_with_the_queue_knobs_is_one_change_with_their_diff(vllm, exporters, tmp_path):
     """One start beyond the shared server: the baseline run is the shared server (no queue flag: vLLM's
     defaults), the next run a server with every queue flag, as a plan's variation would start it."""
