@@ -38,6 +38,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         knob = knobs.BY_NAME[name]
         serve.add_argument(knob.flag, type=type(knob.baseline), default=knob.baseline,
                            help=ServeConfig.model_fields[name].description)
+    for name in ("max_num_active_seqs", "max_num_queued_reqs", "max_num_queued_tokens", "long_prefill_token_threshold"):
+        serve.add_argument(knobs.BY_NAME[name].flag, type=int, metavar="N",
+                           help=ServeConfig.model_fields[name].description)
+    adaptive = "long_prefill_token_threshold_adaptive"
+    serve.add_argument(knobs.BY_NAME[adaptive].flag, action=argparse.BooleanOptionalAction,
+                       help=ServeConfig.model_fields[adaptive].description)
     serve.add_argument("--max-model-len", type=int, help="default: the profile's model context length")
     serve.add_argument("--num-gpu-blocks-override", type=int, metavar="N",
                        help="KV blocks to use instead of what memory allows (a fixed cache size)")

@@ -69,9 +69,8 @@ class VllmMetricsCollector(Collector):
         yield self._counter(catalogue.PROMPT_TOKENS_CACHED_BY_SOURCE,
                             by={source: stats.prefix_cache_hits if source == "device" else 0
                                 for source in catalogue.CACHED_TOKEN_SOURCES})
-        # the simulator has no queue limit, so nothing is refused: 0 as vLLM shows without --max-num-queued-*
-        yield self._counter(catalogue.ADMISSION_REJECTIONS, labels=[self._labels[0]],
-                            by=dict.fromkeys(catalogue.ADMISSION_REJECTION_REASONS, 0))
+        # the API server's counter: both reasons from start-up, 0 until a refusal, with or without a limit (0.32)
+        yield self._counter(catalogue.ADMISSION_REJECTIONS, labels=[self._labels[0]], by=engine.admission.rejections)
         yield self._counter(catalogue.GENERATION_TOKENS, stats.generation_tokens)
         yield self._counter(catalogue.PREFIX_CACHE_QUERIES, stats.prefix_cache_queries)
         yield self._counter(catalogue.PREFIX_CACHE_HITS, stats.prefix_cache_hits)

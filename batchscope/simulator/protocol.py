@@ -10,6 +10,7 @@ validation handler (error type "Bad Request"), and a value SamplingParams reject
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -157,8 +158,12 @@ def require_object(body: object) -> dict:
     return body
 
 
-def generation_request(body: dict, chat: bool, served: ServedModel) -> GenerationRequest:
+def generation_request(body: dict, chat: bool, served: ServedModel,
+                       preflight: Callable[[int], None] | None = None) -> GenerationRequest:
     """A /v1/completions (``chat`` False) or /v1/chat/completions body, checked in vLLM 0.32's order.
+
+    ``preflight`` runs with the request's n once the model is known, before the prompt is read, where vLLM's
+    serving layer runs its admission check (``_preflight``); it raises to refuse.
 
     A requested output longer than max_model_len is refused before the prompt is read; a prompt that alone
     passes max_model_len is refused; otherwise max_tokens is cut to what the context leaves (no 400: vLLM 0.32
@@ -168,6 +173,8 @@ def generation_request(body: dict, chat: bool, served: ServedModel) -> Generatio
     fields = parse(GenerationFields, body)
     if fields.model is not None and fields.model not in served.names:
         raise ApiError(404, f"The model `{fields.model}` does not exist.", "NotFoundError", "model")
+    if preflight is not None:
+        preflight(fields.n or 1)
     limit = served.max_model_len
     name, requested = _requested_output(fields, chat)
     if requested is not None and requested > limit:

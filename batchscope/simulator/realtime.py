@@ -4,7 +4,9 @@ Each step is scheduled now, slept until its end on the modelled timeline, then c
 time, so a late wake-up shows up in the latencies as a slow engine would, without slowing the pace of the steps
 that follow. The lag (actual - modelled end) is kept for the benchmark and for /sim/stats. The profile's output
 path (``engine.frontend.output_s``) holds each step's tokens back that long before they are handed over, in
-step order, as the virtual clock shifts their times.
+step order, as the virtual clock shifts their times. The API server's admission counts (``engine.admission``)
+follow the deliveries: a request is counted in at submit, its prompt leaves the backlog at its first delivery,
+and it leaves at its last (or its abort).
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ Delivery = tuple["RequestStream", int, str | None]  # a stream, its tokens produ
 DELIVERY_SLICE = 8
 
 
+class Refused(Exception):
+    """The admission check refused the request (``reason``: the queue limit that did)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class RequestStream:
     """Tokens of one request as the engine produces them.
 
@@ -40,7 +50,7 @@ class RequestStream:
 
     __slots__ = ("slot", "produced", "finish_reason", "sink", "_event")
 
-    def __init__(self, slot: int) -> None:
+    def __init__(self, slot: int = -1) -> None:
         self.slot = slot
         self.produced = 0  # output tokens produced so far
         self.finish_reason: str | None = None
@@ -100,10 +110,15 @@ class RealtimeEngine:
 
     def submit(self, prompt_len: int, max_tokens: int, ignore_eos: bool, min_tokens: int,
                prompt_hashes: list[int] | None = None) -> RequestStream:
+        """Queue a request in the engine; Refused when the admission check refuses it (checked and counted at
+        once, with no await between, as vLLM's AsyncLLM._add_request)."""
+        stream = RequestStream()
+        reason = self.engine.admission.admit(stream, prompt_len)
+        if reason is not None:
+            raise Refused(reason)
         now = asyncio.get_running_loop().time()
-        slot = self.engine.add_request(now, prompt_len, max_tokens, ignore_eos, min_tokens, prompt_hashes)
-        stream = RequestStream(slot)
-        self._streams[slot] = stream
+        stream.slot = self.engine.add_request(now, prompt_len, max_tokens, ignore_eos, min_tokens, prompt_hashes)
+        self._streams[stream.slot] = stream
         self._wake.set()
         return stream
 
@@ -112,6 +127,7 @@ class RealtimeEngine:
         if self._streams.get(stream.slot) is stream:
             del self._streams[stream.slot]
             self.engine.abort(stream.slot)
+            self.engine.admission.leave(stream)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -170,7 +186,12 @@ class RealtimeEngine:
         The yields let the loop take in new requests during a large step's burst of writes, instead of after
         it (that wait would be part of every TTFT).
         """
+        admission = self.engine.admission
         for index, (stream, produced, reason) in enumerate(deliveries, start=1):
+            if stream.produced == 0:
+                admission.prefilled(stream)
+            if reason is not None:
+                admission.leave(stream)
             stream._push(produced, reason)
             if index % DELIVERY_SLICE == 0:
                 await asyncio.sleep(0)

@@ -28,9 +28,10 @@ from batchscope.simulator.faults import EngineStall, FaultInjector, burn_cpu
 from batchscope.simulator.metrics import VllmMetricsCollector
 from batchscope.simulator.prefix_cache import block_hashes
 from batchscope.simulator.protocol import ApiError, GenerationRequest
-from batchscope.simulator.realtime import TIMER_SLACK_S, RealtimeEngine, RequestStream
+from batchscope.simulator.realtime import TIMER_SLACK_S, RealtimeEngine, Refused, RequestStream
 from batchscope.simulator.responses import SseFormatter, sse_tail
 from batchscope.simulator.truth import GroundTruthLog, RequestTiming
+from batchscope.vllm import admission
 from batchscope.vllm.catalogue import EXPOSITION_CONTENT_TYPE
 
 log = logging.getLogger("batchscope.simulator.server")
@@ -170,7 +171,7 @@ class SimulatorServer:
         received = self.arrivals.received(request.transport)
         timing = RequestTiming(received or time.time(), request.headers.get("X-Request-Id"))
         arrival = asyncio.get_running_loop().time()
-        gen = protocol.generation_request(await _json_body(request), chat, self.served)
+        gen = protocol.generation_request(await _json_body(request), chat, self.served, self._preflight)
         faults = self._faults.draw(gen.stream, gen.max_tokens)
         if faults.error:
             timing.outcome = "injected_error"
@@ -184,7 +185,13 @@ class SimulatorServer:
         await self._hold(gen, timing, _until(arrival + self.engine.frontend.input_s(len(gen.prompt_ids))))
         request_id = responses.request_id(gen.chat)
         seed = next(self._request_seeds)
-        stream = self.realtime.submit(len(gen.prompt_ids), gen.max_tokens, gen.ignore_eos, gen.min_tokens, hashes)
+        try:
+            stream = self.realtime.submit(len(gen.prompt_ids), gen.max_tokens, gen.ignore_eos, gen.min_tokens,
+                                          hashes)
+        except Refused as refused:  # passed the pre-flight check: a stream's 200 has gone out in vLLM
+            timing.outcome = "rejected"
+            self._ground_truth.write(gen, timing)
+            raise _refusal(refused.reason, in_stream=gen.stream) from None
         try:
             if gen.stream:
                 return await self._stream(request, gen, stream, request_id, seed, faults.cut_after, timing)
@@ -194,6 +201,13 @@ class SimulatorServer:
                 self.realtime.abort(stream)
                 timing.outcome = "cut" if timing.outcome == "cut" else "aborted"
             self._ground_truth.write(gen, timing, stream.produced, stream.finish_reason)
+
+    def _preflight(self, n: int) -> None:
+        """vLLM's admission check before a response starts: refused, a plain HTTP 503 (counted, not logged in the
+        ground truth: the request was never parsed whole)."""
+        reason = self.engine.admission.check(n)
+        if reason is not None:
+            raise _refusal(reason)
 
     async def _hold(self, gen: GenerationRequest, timing: RequestTiming, wait: Awaitable[None]) -> None:
         """Hold the request; a client that gives up meanwhile is an abort, logged and counted as vLLM counts it."""
@@ -292,6 +306,12 @@ async def _until(deadline: float) -> None:
     loop = asyncio.get_running_loop()
     if deadline - TIMER_SLACK_S > loop.time():
         await asyncio.sleep(deadline - TIMER_SLACK_S - loop.time())
+
+
+def _refusal(reason: str, in_stream: bool = False) -> ApiError:
+    """vLLM's QueueOverflowError or MaxQueuedTokensError: its 503 body (batchscope.vllm.admission)."""
+    error = admission.error_body(reason)["error"]
+    return ApiError(error["code"], error["message"], error["type"], in_stream=in_stream)
 
 
 def _json_response(body: object, status: int = 200) -> web.Response:

@@ -20,7 +20,7 @@ class RequestTiming:
         self.request_id = request_id  # the client's X-Request-Id, to match records
         self.first: float | None = None
         self.last: float | None = None
-        self.outcome = "ok"  # ok, injected_error, cut or aborted
+        self.outcome = "ok"  # ok, injected_error, cut, aborted or rejected (refused once its input path was done)
 
     def token_written(self, now: float) -> None:
         if self.first is None:

@@ -59,6 +59,13 @@ CASES = [
     ("profile-binary", profile_file("binary.yaml", b"\x00\xff\xfe\x80\x81"), "--profile"),
     ("profile-bad-field", profile_file("field.yaml", b"name: x\nmax_model_len: -5\n"), "--profile"),
     ("profile-not-a-mapping", profile_file("list.yaml", b"- a\n- b\n"), "--profile"),
+    ("max-num-queued-reqs-negative", ["--max-num-queued-reqs", "-1"], "--max-num-queued-reqs"),
+    ("max-num-queued-tokens-not-a-number", ["--max-num-queued-tokens", "x"], "--max-num-queued-tokens"),
+    ("max-num-active-seqs-zero", ["--max-num-active-seqs", "0"], "--max-num-active-seqs"),
+    # vLLM's rules across knobs, in vLLM's words (they name the fields)
+    ("max-num-active-seqs-above-max-num-seqs", ["--max-num-active-seqs", "200"], "max_num_active_seqs (200)"),
+    ("long-prefill-threshold-above-the-context", ["--long-prefill-token-threshold", "5000", "--profile", "tiny"],
+     "long_prefill_token_threshold (5000)"),
 ]
 
 
