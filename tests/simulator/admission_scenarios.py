@@ -86,7 +86,7 @@ def burst_over(url: str, model: str, count: int, prompt_len: int) -> BurstFigure
             queued = value(figures, catalogue.NUM_REQUESTS_RUNNING.name) + value(
                 figures, catalogue.NUM_REQUESTS_WAITING.name) - ACTIVE
             return figures if refused + queued == count else None
-        figures = wait_until(settled, DEADLINE_S, message="every burst request refused or queued")
+        figures = wait_until(settled, DEADLINE_S, message=f"every burst request refused or queued at {url}: {answers}")
     idle(url)
     refused = [a for a in answers if a and a.reason]
     return BurstFigures(refused=dict(Counter(a.reason for a in refused if a.reason)),

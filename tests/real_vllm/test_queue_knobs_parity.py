@@ -1,0 +1,56 @@
+"""vLLM 0.32's queue knobs, real and simulated: one vLLM and one simulator started with the same queue flags
+(tests/simulator/admission_scenarios.py's QUEUE_FLAGS) take the same deterministic loads, and must agree exactly
+on who was refused, with which body, the counter's increase, the RUNNING cap, and iteration_tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from batchscope.testkit.simulator import start_simulator
+from batchscope.vllm import admission
+from tests.real_vllm.support import SERVED_NAME, tier
+from tests.simulator.admission_scenarios import ACTIVE, QUEUE_FLAGS, body, burst_over, prefill_beside_a_decode
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """(real vLLM, simulator), both with QUEUE_FLAGS; the simulator speaks as the tier's model."""
+    folder = tmp_path_factory.mktemp("queue-knobs")
+    real = tier().start(folder, *QUEUE_FLAGS)
+    sim = start_simulator(folder, *QUEUE_FLAGS, "--served-model-name", SERVED_NAME, "--vocab-size",
+                          str(tier().model_facts()["vocab_size"]))
+    for server in (real, sim):  # a real vLLM's first request is slow (seconds): not inside a burst's window
+        requests.post(server.url + "/v1/completions", json=body(SERVED_NAME, 50, 10, 4), timeout=60).raise_for_status()
+    yield real, sim
+    sim.stop()
+    real.stop()
+
+
+def parsed(bodies: set[str]) -> list[dict]:
+    return [json.loads(text) for text in bodies]
+
+
+@pytest.mark.parametrize(("count", "prompt_len", "reason", "refused"), [
+    (5, 1000, "max_num_queued_tokens", 2),  # queued prompts 0, 1000, 2000 < 2500 pass; at 3000 refused
+    (8, 10, "max_num_queued_reqs", 4),  # 2 running + 4 queued = 6 = the limit
+])
+def test_a_burst_over_an_admission_limit_is_refused_alike(servers, count, prompt_len, reason, refused):
+    real, sim = (burst_over(server.url, SERVED_NAME, count, prompt_len) for server in servers)
+    for figures in (real, sim):
+        assert figures.refused == {reason: refused}
+        assert figures.counter_increase[reason] == refused and sum(figures.counter_increase.values()) == refused
+        assert (figures.running, figures.waiting) == (ACTIVE, count - refused), "RUNNING held at the active cap"
+        assert all(body == admission.error_body(reason) for body in parsed(figures.bodies))
+    assert set(parsed(real.bodies)[0]) == set(parsed(sim.bodies)[0])
+
+
+# passed in 2 of 3 full runs here; once real vLLM never showed both prompts waiting (60 s) after the bursts
+@pytest.mark.xfail(strict=False, reason="unsettled: the two prompts are not always seen queued on real vLLM after "
+                   "the bursts (report of issue 31, simulator parity)")
+def test_long_prompts_under_the_long_prefill_cap_are_observed_alike(servers):
+    real, sim = (prefill_beside_a_decode(server.url, SERVED_NAME) for server in servers)
+    assert real == sim
+    assert real[1024.0] == 2
