@@ -51,11 +51,13 @@ TIGHT_SPEC = {"input_tokens": 512, "output_tokens": 256, "scenario": "tight",
               "load": {"mode": "concurrency", "concurrency": 16, "ramp_up_s": 1}}
 # the slow deployment: every step takes 0.25 s (TPOT above the 0.2 s target), 16-token answers hold a batch slot
 # ~4 s, so with 2 slots for 4 users every later request queues that long (TTFT above the 2.5 s target) while the
-# KV cache stays nearly empty (admission-limited); 1 in 5 requests is answered 500 (the error spike)
+# KV cache stays nearly empty (admission-limited); 1 in 5 requests is answered 500 (the error spike); vLLM's
+# admission limit holds 3 in flight, so the fourth user is refused (503) and retries after its 0.1 s pause: most
+# arrivals are refused (VllmAdmissionRejections) while the 500s still fire the error spike on their own
 SLOW_STEP_S = "0.25"
 SLOW_SPEC = {"input_tokens": 64, "output_tokens": 16, "scenario": "slow",
              "load": {"mode": "concurrency", "concurrency": 4, "ramp_up_s": 1}}
-SLOW_FLAGS = ("--max-num-seqs", "2")
+SLOW_FLAGS = ("--max-num-seqs", "2", "--max-num-queued-reqs", "3")
 # the hung engine: 5 s after start-up it stops for 100 s, longer than Prometheus' start plus VllmEngineStalled's
 # 30 s window and for: 30s, with slack for a busy machine
 STALL_AFTER_S, STALL_S = "5", "100"
@@ -251,7 +253,7 @@ def test_the_stack_alerts_on_a_preemption_spike_and_every_dashboard_query_return
 
         # the failure modes, each where it was staged (Prometheus' own alert state: the webhook path is the above)
         expected = {"VllmEngineStalled": stalled, "VllmTtftSloBurn": slow, "VllmTpotSloBurn": slow,
-                    "VllmAdmissionLimited": slow, "VllmRequestErrorSpike": slow}
+                    "VllmAdmissionLimited": slow, "VllmRequestErrorSpike": slow, "VllmAdmissionRejections": slow}
 
         def not_fired() -> list[str]:
             return [alert for alert, deployment in expected.items()
