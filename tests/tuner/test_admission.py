@@ -10,7 +10,7 @@ from batchscope.tuner.compare import Comparison, compare
 from batchscope.tuner.mlperf.rules import PointFlow, ServerRules, judge
 from batchscope.tuner.plan import Plan, ServingParams, Slos
 from batchscope.tuner.report.files import render_markdown
-from batchscope.tuner.report.text import console_lines, queued_tokens_lines
+from batchscope.tuner.report.text import console_lines, queued_tokens_lines, settings_head, settings_rows
 from batchscope.tuner.results import RunResult
 from batchscope.tuner.results.signals import MetricsPoint, server_signals
 from batchscope.tuner.whatif import run_what_if
@@ -132,3 +132,10 @@ def test_a_what_if_run_counts_the_simulators_refusals_as_the_load_generator_woul
     assert client.prefill_tokens_per_s == pytest.approx(run.server.prompt_tokens / client.window_s, rel=0.2)
     free = run_what_if(plan, "baseline", plan.baseline, 0)
     assert (free.client.rejected, free.client.rejected_share, free.server.admission_rejections) == ({}, 0.0, 0)
+
+
+def test_the_settings_table_has_a_column_only_for_the_knobs_a_setting_sets_or_the_server_chose():
+    c = _queue_plan()
+    head = settings_head(c)
+    assert "max_num_queued_reqs" in head and "max_num_queued_tokens" not in head  # unset everywhere, not reported
+    assert all(len(row) == len(head) for row in settings_rows(c))

@@ -24,7 +24,6 @@ from batchscope.tuner.report.text import (
     ADMISSION_HEAD,
     METRIC_HEAD,
     QUEUED_TOKENS_HEAD,
-    SETTINGS_HEAD,
     admission_rows,
     changed_text,
     ci_line,
@@ -33,6 +32,7 @@ from batchscope.tuner.report.text import (
     mode_line,
     queued_tokens_lines,
     queued_tokens_rows,
+    settings_head,
     settings_rows,
     slo_text,
     verdict_lines,
@@ -115,7 +115,7 @@ def render_markdown(c: Comparison, scenarios: list[Block] | None = None) -> str:
            ci_line(c), "",
            "## Locked conditions", "", md_table(["condition", "value"], [list(r) for r in conditions_rows(c)]), "",
            f"SLOs: {slo_text(c.slos)}.", "",
-           "## Settings", "", md_table(SETTINGS_HEAD, settings_rows(c)), "",
+           "## Settings", "", md_table(settings_head(c), settings_rows(c)), "",
            "## Verdicts", "", *[f"- {line}" for line in verdict_lines(c)], "",
            "## Goodput and admission rejections", "", md_table(ADMISSION_HEAD, admission_rows(c)), "",
            *[f"{line}\n" for line in queued_tokens_lines(c)]]
@@ -162,16 +162,21 @@ def render_csv(c: Comparison) -> str:
 
 # --- HTML -------------------------------------------------------------------------------------------------
 
-# the tables' columns of ✓/✗/n/a marks, and the knob columns (long names over short values: set vertically)
-SETTINGS_MARKS = frozenset({SETTINGS_HEAD.index("meets SLOs")})
+# the metric tables' column of ✓/✗/n/a marks
 METRIC_MARKS = frozenset({METRIC_HEAD.index("significant")})
-KNOB_COLUMNS = frozenset(i for i, name in enumerate(SETTINGS_HEAD) if name in TUNABLE)
 
 
 def scenarios_html(folder: Path, blocks: list[Block]) -> str:
     """report.html of a folder holding only scenario results."""
     title = f"MLPerf scenarios: {folder.name}"
     return html_page(title, [f"<h1>{html.escape(title)}</h1>", *html_blocks(blocks)])
+
+
+def _settings_table(c: Comparison) -> str:
+    """Its meets-SLOs column of marks, and its knob columns (long names over short values) set vertically."""
+    head = settings_head(c)
+    knobs = frozenset(i for i, name in enumerate(head) if name in TUNABLE)
+    return html_table(head, settings_rows(c), marks=frozenset({head.index("meets SLOs")}), vertical=knobs)
 
 
 def render_html(c: Comparison, scenarios: list[Block] | None = None) -> str:
@@ -182,7 +187,7 @@ def render_html(c: Comparison, scenarios: list[Block] | None = None) -> str:
            "<h2>Locked conditions</h2>", html_table(["condition", "value"], [list(r) for r in conditions_rows(c)]),
            f"<p>SLOs: {html.escape(slo_text(c.slos))}.</p>",
            "<h2>Settings</h2>",
-           html_table(SETTINGS_HEAD, settings_rows(c), marks=SETTINGS_MARKS, vertical=KNOB_COLUMNS),
+           _settings_table(c),
            "<h2>Verdicts</h2>", "<ul>" + "".join(f"<li>{markdown_bold(x)}</li>" for x in verdict_lines(c)) + "</ul>",
            "<h2>Goodput and admission rejections</h2>", html_table(ADMISSION_HEAD, admission_rows(c)),
            *[f"<p>{markdown_bold(line)}</p>" for line in queued_tokens_lines(c)]]

@@ -107,12 +107,23 @@ def changed_text(c: Comparison, setting: str) -> str:
     return ", ".join(f"{p.name} {p.arrow()}" for p in variation.changed) or "nothing"
 
 
+def shown_knobs(c: Comparison) -> list[str]:
+    """The knobs the settings table has a column for: those some setting sets or the server reported choosing (a
+    column of 'default' alone says nothing, and eleven knobs overflow a page)."""
+    return [name for name in TUNABLE if any(knob_cell(s, name) != "default" for s in c.settings)]
+
+
+def settings_head(c: Comparison) -> list[str]:
+    return ["setting", "changed", *shown_knobs(c), "KV capacity (tokens)", "runs ok", "runs failed", "meets SLOs"]
+
+
 def settings_rows(c: Comparison) -> list[list[str]]:
     rows = []
+    names = shown_knobs(c)
     for s in c.settings:
         slo = {True: "✓", False: "✗", None: "n/a"}[s.meets_slos]
         capacity = f"{s.kv_capacity_tokens:,}" if s.kv_capacity_tokens is not None else "n/a"
-        knobs = [knob_cell(s, name) for name in TUNABLE]
+        knobs = [knob_cell(s, name) for name in names]
         rows.append([s.setting, changed_text(c, s.setting), *knobs, capacity, str(s.runs_ok), str(s.runs_failed),
                      slo])
     return rows
@@ -131,7 +142,6 @@ def number(value: int | float) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 
-SETTINGS_HEAD = ["setting", "changed", *TUNABLE, "KV capacity (tokens)", "runs ok", "runs failed", "meets SLOs"]
 METRIC_HEAD = ["metric", "unit", "baseline", "value", "delta", "delta %", "95% CI of delta", "significant"]
 
 
