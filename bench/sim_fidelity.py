@@ -108,8 +108,8 @@ class DatasetLoop:
         self._taken += 1
         return replace(self._loop.take(), prompt_len=prompt, max_tokens=output)
 
-    def finished(self, index: int, now: float) -> None:
-        self._loop.finished(index, now)
+    def finished(self, index: int, now: float, rejected: bool = False) -> None:
+        self._loop.finished(index, now, rejected)
 
 
 def random_lengths(count: int, prompt: int, output: int, ratio: float) -> list[tuple[int, int]]:

@@ -105,7 +105,10 @@ def cross_knob_problem(values: Mapping[str, KnobValue | None]) -> str | None:
 
 
 def shown(value: object) -> str:
-    """A knob's value in a diff or a report: the number, or 'vLLM default' when it is not passed."""
+    """A knob's value in a diff or a report: the number, 'on' or 'off' for a switch, or 'vLLM default' when it is
+    not passed."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
     return DEFAULT_TEXT if value is None else str(value)
 
 

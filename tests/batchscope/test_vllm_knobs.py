@@ -50,3 +50,7 @@ def test_an_admission_503_is_told_from_another_503_by_vllms_message():
     other = json.dumps({"error": {"message": "overloaded", "type": "ServiceUnavailable", "code": 503}})
     for status, text in ((503, other), (503, "Service Unavailable"), (503, "[]"), (503, None), (503, '{"error": 1}')):
         assert admission.reason_of(status, text) is None
+
+
+def test_a_switch_reads_on_or_off_in_a_diff():
+    assert [knobs.shown(value) for value in (True, False, None, 64)] == ["on", "off", "vLLM default", "64"]

@@ -10,6 +10,7 @@ from batchscope.tuner.plan import CommandBackend, Plan, PlanError, ServingParams
 from batchscope.tuner.run.observers import diff
 from batchscope.tuner.run.servers import command_argv, replace_knobs
 from batchscope.tuner.whatif import _deployment
+from batchscope.vllm import knobs as vllm_knobs
 from tests.tuner.support import tiny_plan, write_plan
 
 QUEUE_KNOBS = {"max_num_active_seqs": 2, "max_num_queued_reqs": 8, "max_num_queued_tokens": 4096,
@@ -26,7 +27,8 @@ def test_each_queue_knob_is_a_variation_of_its_own_and_reads_as_a_change_from_vl
     (_, baseline), *variations = plan.settings()
     assert baseline.flags() == ["--max-num-seqs", "4"]
     changes = [diff(baseline, params) for _, params in variations]
-    assert changes == [[f"{name}: vLLM default → {value}"] for name, value in QUEUE_KNOBS.items()]
+    assert changes == [[f"{name}: vLLM default → {vllm_knobs.shown(value)}"] for name, value in QUEUE_KNOBS.items()]
+    assert changes[-1] == ["long_prefill_token_threshold_adaptive: vLLM default → on"]
     assert [params.flags()[2:] for _, params in variations] == [
         ["--max-num-active-seqs", "2"], ["--max-num-queued-reqs", "8"], ["--max-num-queued-tokens", "4096"],
         ["--long-prefill-token-threshold", "32"], ["--long-prefill-token-threshold-adaptive"]]
@@ -37,7 +39,7 @@ def test_a_switch_stays_true_or_false_in_the_plan_and_off_is_passed_as_its_no_fl
                  long_prefill_token_threshold=32, long_prefill_token_threshold_adaptive=True)
     assert plan.model_dump()["variations"][0]["set"] == {"long_prefill_token_threshold_adaptive": False}
     (_, baseline), (_, plain) = plan.settings()
-    assert diff(baseline, plain) == ["long_prefill_token_threshold_adaptive: True → False"]
+    assert diff(baseline, plain) == ["long_prefill_token_threshold_adaptive: on → off"]
     assert plain.flags() == ["--max-num-seqs", "4", "--long-prefill-token-threshold", "32",
                              "--no-long-prefill-token-threshold-adaptive"]
 
