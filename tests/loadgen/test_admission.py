@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from batchscope.loadgen.adapter.llm_tab import rejection_rows
 from batchscope.loadgen.figures.summary import print_summary
 from batchscope.loadgen.run import sender as sender_module
 from batchscope.loadgen.run.control import RunControl
+from batchscope.loadgen.run.faults import FaultLog
 from batchscope.loadgen.run.sender import LoadRun
 from batchscope.loadgen.spec import load_spec
 from batchscope.loadgen.stream.request import OUTCOMES, RECORD_SCHEMA_VERSION, RequestRecord, TokenStream
@@ -133,3 +135,26 @@ def test_the_llm_tab_shows_the_windows_rejections_their_rate_and_share():
     assert {r["figure"]: r["value"] for r in rejection_rows(ctl, measured=4.0)} == {
         "rejected by admission (in window)": "2 (max_num_queued_reqs 1, max_num_queued_tokens 1)",
         "rejection rate (req/s)": "0.500", "rejected share (of ended in window)": "66.7%"}
+
+
+def test_the_log_says_a_rejection_is_a_refusal_by_the_limit_and_stays_a_few_lines_under_thousands(caplog):
+    now = [0.0]
+    faults = FaultLog(every_s=10.0, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="batchscope.loadgen")
+    for i in range(3000):  # 100 a second for 30 s, far above the cap
+        now[0] = i / 100
+        faults.note(rejected(i, 1000.0 + now[0]))
+    faults.note(rejected(0, 1030.0, "max_num_queued_tokens"))
+    faults.note(RequestRecord(request_id="e", worker=0, scheduled_s=0.0, outcome="http_error", status=500,
+                              error="boom"))
+    faults.flush()
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+    refused = "requests refused by vLLM's admission limit (max_num_queued_reqs), 503: "
+    assert lines == [  # 3,002 requests, six lines: the first of each kind, then a count every 10 s and at the end
+        (logging.INFO, "request refused by vLLM's admission limit (max_num_queued_reqs), 503: "
+         + json.dumps(admission.error_body("max_num_queued_reqs")) + " (more of this kind are counted every 10 s)"),
+        (logging.INFO, refused + "1000 more in the last 10 s"), (logging.INFO, refused + "1000 more in the last 10 s"),
+        (logging.INFO, "request refused by vLLM's admission limit (max_num_queued_tokens), 503: "
+         + json.dumps(admission.error_body("max_num_queued_tokens")) + " (more of this kind are counted every 10 s)"),
+        (logging.WARNING, "request failed, http_error 500: boom (more of this kind are counted every 10 s)"),
+        (logging.INFO, refused + "999 more in the last 10 s")]

@@ -1,10 +1,11 @@
-"""Failed requests in the sender's log, rate-limited: the first of each kind at once, then a count of the others
-every LOG_EVERY_S.
+"""Failed and refused requests in the sender's log, rate-limited: the first of each kind at once, then a count of
+the others every LOG_EVERY_S.
 
-A broken or hostile server fails every request the same way, thousands a second: a line (let alone a traceback)
-per request floods the console and costs the sender the CPU it times streams with. A kind is an outcome with its
-status (an HTTP status, or an error event's code), so a run logs a few lines however many requests fail; the
-records and the summary count every one.
+A broken or hostile server fails every request the same way, thousands a second, and a load far above vLLM's
+admission limit is refused as often: a line (let alone a traceback) per request floods the console and costs the
+sender the CPU it times streams with. A kind is an outcome with its status (an HTTP status, or an error event's
+code) and a refusal's reason, so a run logs a few lines however many requests fail; the records and the summary
+count every one. A refusal by vLLM's admission limit (rejected_busy) is worded as one, not as a failure.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ LOG_EVERY_S = 10.0
 NOT_FAULTS = ("ok", "aborted")  # aborted: the run's end cut them
 log = logging.getLogger("batchscope.loadgen")
 
-Kind = tuple[str, int | None]  # (outcome, status)
+Kind = tuple[str, int | None, str | None]  # (outcome, status, a refusal's reason)
 
 
 @dataclass
@@ -40,12 +41,12 @@ class FaultLog:
     def note(self, record: RequestRecord) -> None:
         if record.outcome in NOT_FAULTS:
             return
-        kind, now = (record.outcome, record.status), self.clock()
+        kind, now = (record.outcome, record.status, record.reject_reason), self.clock()
         tally = self._tallies.get(kind)
         if tally is None:
             self._tallies[kind] = _Tally(logged_s=now)
-            log.warning("request failed, %s: %s (more of this kind are counted every %g s)", describe(kind),
-                        record.error or "no detail", self.every_s)
+            log.log(level(kind), "%s: %s (more of this kind are counted every %g s)", describe(kind, 1),
+                    record.error or "no detail", self.every_s)
             return
         tally.unlogged += 1
         if now - tally.logged_s >= self.every_s:
@@ -60,11 +61,20 @@ class FaultLog:
 
     @staticmethod
     def _log_count(kind: Kind, tally: _Tally, now: float) -> None:
-        log.warning("requests failed, %s: %d more in the last %.0f s", describe(kind), tally.unlogged,
-                    now - tally.logged_s)
+        log.log(level(kind), "%s: %d more in the last %.0f s", describe(kind, tally.unlogged), tally.unlogged,
+                now - tally.logged_s)
         tally.logged_s, tally.unlogged = now, 0
 
 
-def describe(kind: Kind) -> str:
-    outcome, status = kind
-    return outcome if status in (None, 200) else f"{outcome} {status}"
+def level(kind: Kind) -> int:
+    """A failure is a warning; a refusal by the admission limit is information (the run goes on as planned)."""
+    return logging.INFO if kind[0] == "rejected_busy" else logging.WARNING
+
+
+def describe(kind: Kind, count: int) -> str:
+    """What ``count`` requests of ``kind`` met, e.g. 'request failed, http_error 500'."""
+    outcome, status, reason = kind
+    noun = "request" if count == 1 else "requests"
+    if outcome == "rejected_busy":  # the queue limit at work: a refusal, not a failure
+        return f"{noun} refused by vLLM's admission limit ({reason}), {status}"
+    return f"{noun} failed, " + (outcome if status in (None, 200) else f"{outcome} {status}")
