@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-from batchscope.loadgen.adapter.llm_tab import rejection_rows
+from batchscope.loadgen.adapter.llm_tab import RejectionRate, rejection_rows
 from batchscope.loadgen.figures.summary import print_summary
 from batchscope.loadgen.run import sender as sender_module
 from batchscope.loadgen.run.control import RunControl
@@ -158,3 +158,14 @@ def test_the_log_says_a_rejection_is_a_refusal_by_the_limit_and_stays_a_few_line
          + json.dumps(admission.error_body("max_num_queued_tokens")) + " (more of this kind are counted every 10 s)"),
         (logging.WARNING, "request failed, http_error 500: boom (more of this kind are counted every 10 s)"),
         (logging.INFO, refused + "999 more in the last 10 s")]
+
+
+def test_the_llm_tabs_rejection_chart_plots_each_reasons_rate_between_its_points():
+    ctl, rate = control(), RejectionRate()
+    for record in (rejected(0, 1001.0), rejected(1, 1001.5), ok(2, 1001.5)):
+        ctl.accept(record)
+    assert rate.per_s(ctl, 1002.0) == {"rejected_max_num_queued_reqs": 1.0, "rejected_max_num_queued_tokens": 0.0}
+    for i in range(2, 8):
+        ctl.accept(rejected(i, 1003.0, "max_num_queued_tokens"))
+    assert rate.per_s(ctl, 1004.0) == {"rejected_max_num_queued_reqs": 0.0, "rejected_max_num_queued_tokens": 3.0}
+    assert rate.per_s(ctl, 1004.0) == {"rejected_max_num_queued_reqs": None, "rejected_max_num_queued_tokens": None}

@@ -264,7 +264,7 @@ class DevTools:
 def charted(tab: dict | None) -> bool:
     """The tab is drawn, running, its config shown and each chart's every line has at least 3 points."""
     return (tab is not None and tab["state"] == "running" and "block_size" in tab["figures"]
-            and len(tab["charts"]) == 5 and all(n >= 3 for lines in tab["charts"].values() for n in lines.values()))
+            and len(tab["charts"]) == 6 and all(n >= 3 for lines in tab["charts"].values() for n in lines.values()))
 
 
 async def watch_llm_tab(devtools_port: int, shots: Path) -> tuple[dict, str, dict, dict]:
@@ -364,9 +364,11 @@ def test_llm_tab_draws_cards_and_charts_and_freezes_them_at_the_stop(simulator, 
     # a grid of cards for a screen, not a list: several columns at 1400 px
     assert running["columns"] >= 2
     assert {"latency", "server", "config", "throughput", "requests", "spec", "links", "chart-ttft", "chart-itl",
-            "chart-queue", "chart-kv", "chart-preemptions"} <= set(running["cards"])
+            "chart-queue", "chart-kv", "chart-preemptions", "chart-rejections"} <= set(running["cards"])
     assert set(running["charts"]["ttft"]) == {"ttft_p50", "ttft_p90", "ttft_p99"}
     assert set(running["charts"]["queue"]) == {"running", "waiting"}
+    assert set(running["charts"]["rejections"]) == {"rejected_max_num_queued_reqs", "rejected_max_num_queued_tokens"}
+    assert running["last"]["rejected_max_num_queued_reqs"] == "0"  # no limit on this server: a line on the axis
     # the serving configuration the simulator exposes in vllm:cache_config_info, and the model asked for
     assert running["figures"]["block_size"] == ["16"] and running["figures"]["model"] == ["sim-model"]
     assert numeric(running["figures"]["num_gpu_blocks"][0])

@@ -25,6 +25,7 @@ from batchscope.loadgen.spec import WorkloadSpec
 from batchscope.loadgen.stream import OUTCOMES
 from batchscope.vllm import scrape
 from batchscope.vllm.catalogue import (
+    ADMISSION_REJECTION_REASONS,
     CACHE_CONFIG_INFO,
     KV_CACHE_USAGE,
     NUM_PREEMPTIONS,
@@ -185,10 +186,30 @@ class History:
         return {key: [point[key] for point in self.points] for key in keys}
 
 
-def chart_point(ctl: RunControl, window: Window, server: ServerMetrics) -> dict[str, float | None]:
-    """The charts' values now: elapsed seconds, the window's latency percentiles (ms), the server's figures."""
+class RejectionRate:
+    """vLLM's admission rejections per second since the previous chart point, by reason: the requests the client
+    counted rejected_busy (the whole run's, as the server's queue beside them)."""
+
+    def __init__(self) -> None:
+        self.last: tuple[float, dict[str, int]] | None = None  # (when, the counts then)
+
+    def per_s(self, ctl: RunControl, now: float) -> dict[str, float | None]:
+        assert ctl.start_s is not None
+        counts = {reason: ctl.stats.admission_rejections.get(reason, 0) for reason in ADMISSION_REJECTION_REASONS}
+        since, before = self.last or (ctl.start_s, dict.fromkeys(counts, 0))
+        self.last = (now, counts)
+        span = now - since
+        return {f"rejected_{reason}": round((count - before[reason]) / span, 3) if span > 0 else None
+                for reason, count in counts.items()}
+
+
+def chart_point(ctl: RunControl, window: Window, server: ServerMetrics,
+                rejections: RejectionRate) -> dict[str, float | None]:
+    """The charts' values now: elapsed seconds, the window's latency percentiles (ms), the server's figures, the
+    admission rejections per second."""
     assert ctl.start_s is not None
-    point: dict[str, float | None] = {"t": round(time.time() - ctl.start_s, 2)}
+    now = time.time()
+    point: dict[str, float | None] = {"t": round(now - ctl.start_s, 2), **rejections.per_s(ctl, now)}
     for name in CHARTED_LATENCIES:
         for p in PERCENTILES:
             value = getattr(window.latency[name], p)
@@ -210,6 +231,7 @@ class LlmTab:
     grafana_url: str = ""
     window: Window = field(default_factory=Window)
     history: History = field(default_factory=History)
+    rejections: RejectionRate = field(default_factory=RejectionRate)
     servers: dict[str, ServerMetrics] = field(default_factory=dict)
     closed: bool = False  # the charts' last point is in
 
@@ -229,14 +251,14 @@ class LlmTab:
         server = self.server(ctl)
         server.read(window_start(ctl), keep=lambda: not self.over(ctl))
         if not self.over(ctl):
-            self.history.add(chart_point(ctl, self.window, server))
+            self.history.add(chart_point(ctl, self.window, server, self.rejections))
 
     def close(self, ctl: RunControl) -> None:
         """End the charts on the figures the cards freeze at (the last reading taken while the run was on), once."""
         if not self.closed:
             self.closed = True
             self.window.update(ctl)
-            self.history.add(chart_point(ctl, self.window, self.server(ctl)), last=True)
+            self.history.add(chart_point(ctl, self.window, self.server(ctl), self.rejections), last=True)
 
     def state(self) -> dict[str, Any]:
         """What /llm/state answers: the run's state, the cards' rows, the charts' series."""

@@ -19,6 +19,8 @@
     {id: "queue", title: "Server requests", lines: [["running", "running"], ["waiting", "waiting"]]},
     {id: "kv", title: "KV cache usage (%)", lines: [["kv", "usage"]]},
     {id: "preemptions", title: "Preemptions (in window)", lines: [["preemptions", "preemptions"]]},
+    {id: "rejections", title: "Admission rejections (req/s)", lines: [
+      ["rejected_max_num_queued_reqs", "max_num_queued_reqs"], ["rejected_max_num_queued_tokens", "max_num_queued_tokens"]]},
   ];
   const STYLE = `
     #batchscope-llm { padding: 12px 0; }
