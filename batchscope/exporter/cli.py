@@ -30,6 +30,7 @@ from batchscope.exporter.config import parse_command
 from batchscope.exporter.docker_source import DockerSource
 from batchscope.exporter.fetch import pin_mmap_threshold
 from batchscope.exporter.health import shown_url
+from batchscope.exporter.process_source import ProcessSource
 from batchscope.exporter.server import make_server, serve_in_thread
 from batchscope.exporter.slo import MAX_TARGET_S, SloFlags
 from batchscope.inputs import exits
@@ -67,6 +68,8 @@ OPTIONS = (
     Option("--vllm-api-key", "bearer key for vLLM's /v1 routes"),
     Option("--vllm-command", "the `vllm serve ...` command line"),
     Option("--vllm-command-file", "file holding the current `vllm serve` command line (re-read at every scrape)"),
+    Option("--vllm-process", "without a command line given, read the one of the process listening on --vllm-url's "
+           "loopback port from /proc: auto or off", "auto"),
     Option("--follow", "live file of `batchscope tune --live-file` (re-read at every scrape): the running run's "
            "vLLM URL, load generator URL and command line replace the flags' while it names one"),
     Option("--docker-container", "read the vLLM container's command line and logs through the docker SDK"),
@@ -85,6 +88,7 @@ OPTIONS = (
 )
 SLO_FLAGS = ("--slo-ttft-seconds", "--slo-tpot-seconds")
 URL_FLAGS = ("--vllm-url", "--loadgen-url", "--grafana-url")
+PROCESS_CHOICES = ("auto", "off")
 
 
 class BadInput(ValueError):
@@ -140,6 +144,9 @@ def check(args: argparse.Namespace, names: Mapping[str, str]) -> None:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and not 0 < value <= MAX_TARGET_S:  # NaN fails both comparisons
             raise BadInput(f"{names[flag]}: must be a number of seconds in (0, {MAX_TARGET_S:g}], not {value}")
+    if args.vllm_process not in PROCESS_CHOICES:
+        raise BadInput(f"{names['--vllm-process']}: must be one of {', '.join(PROCESS_CHOICES)}, not "
+                       f"{args.vllm_process!r}")
     if not 0 <= args.port <= 65535:
         raise BadInput(f"{names['--port']}: must be in 0..65535, not {args.port}")
     if args.vllm_command_file is not None:
@@ -190,7 +197,8 @@ def build_collector(args: argparse.Namespace) -> BatchscopeCollector:
         vllm_url=args.vllm_url.rstrip("/"), loadgen_url=args.loadgen_url.rstrip("/") if args.loadgen_url else None,
         vllm_api_key=args.vllm_api_key, vllm_command=args.vllm_command,
         vllm_command_file=Path(args.vllm_command_file) if args.vllm_command_file else None,
-        docker=docker, timeout_s=args.scrape_timeout_s, follow=Path(args.follow) if args.follow else None,
+        docker=docker, process=ProcessSource() if args.vllm_process == "auto" else None,
+        timeout_s=args.scrape_timeout_s, follow=Path(args.follow) if args.follow else None,
         slo=SloFlags(ttft_s=args.slo_ttft_seconds, tpot_s=args.slo_tpot_seconds))
     return BatchscopeCollector(sources, ChangeTracker(annotator))
 

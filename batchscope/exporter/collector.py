@@ -33,6 +33,7 @@ from batchscope.exporter.config import ServingConfig, from_exposed, parse_comman
 from batchscope.exporter.docker_source import ContainerView, DockerSource
 from batchscope.exporter.fetch import Workers
 from batchscope.exporter.health import REASONS, DownCause, DownReporter, down_cause
+from batchscope.exporter.process_source import ProcessSource, ProcessView
 from batchscope.exporter.slo import SloFlags, SloGauge
 from batchscope.inputs.validation import read_input_text
 from batchscope.runs.live_run import LiveFileError, LiveRun, read_live_file
@@ -43,6 +44,7 @@ from batchscope.wire.bounded_read import JSON_MAX_BYTES, FetchTimeout, fetch
 log = logging.getLogger("batchscope.exporter")
 PREFIXES = {"vllm": catalogue.PREFIX, "loadgen": "batchscope_client_"}  # target -> the families it contributes
 JSON_PATHS = ("/v1/models", "/version")
+PROCESS_OFF = "reading vLLM's process is off, --vllm-process off"
 
 
 @dataclass
@@ -68,7 +70,8 @@ class _Collection:
 @dataclass
 class ExporterSources:
     """Where the exporter reads from; everything but vllm_url is optional. A live file (``follow``), when it
-    holds a run, overrides vllm_url, loadgen_url and the command line with the run's."""
+    holds a run, overrides vllm_url, loadgen_url and the command line with the run's. ``process`` reads the
+    command line of the local process serving vllm_url when no command line is given (None: never)."""
 
     vllm_url: str
     loadgen_url: str | None = None
@@ -76,6 +79,7 @@ class ExporterSources:
     vllm_command: str | None = None
     vllm_command_file: Path | None = None
     docker: DockerSource | None = None
+    process: ProcessSource | None = None
     timeout_s: float = 2.0
     follow: Path | None = None
     slo: SloFlags = field(default_factory=SloFlags)
@@ -83,11 +87,23 @@ class ExporterSources:
 
 @dataclass(frozen=True)
 class Targets:
-    """What one scrape reads: the followed run's, else the flags'."""
+    """What one scrape reads: the followed run's, else the flags'; ``source`` names where the command line came
+    from (live_file, file, flag; none)."""
 
     vllm_url: str
     loadgen_url: str | None
     command: str | list[str] | None
+    source: str = "none"
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """The command line a scrape's configuration is read from, where it came from (the label
+    ``command_line_source``), and why there is none."""
+
+    command: str | list[str] | None
+    source: str
+    why_none: str = ""
 
 
 class BatchscopeCollector(Collector):
@@ -154,6 +170,8 @@ class BatchscopeCollector(Collector):
                                                    partial(self._json, targets.vllm_url + path, deadline))
                         for path in JSON_PATHS}
         docker_pending = self._workers.submit("docker", src.docker.read) if src.docker else None
+        process_pending = (self._workers.submit("process", partial(src.process.read, targets.vllm_url, deadline))
+                           if src.process is not None and targets.command is None and src.docker is None else None)
         scrapes = {name: self._finish(name, urls[name], future, deadline, started) for name, future in pending.items()}
         vllm = scrapes["vllm"]
         vllm_families, mappings = families.map_renamed(vllm.families)
@@ -164,11 +182,12 @@ class BatchscopeCollector(Collector):
         if vllm.up:
             card, version = (self._json_result(targets.vllm_url, path, json_pending[path], deadline)
                              for path in JSON_PATHS)
-            config = self._config(vllm.families, card, version, container, targets.command)
+            command = self._command_line(targets, container, process_pending, deadline)
+            config = self._config(vllm.families, card, version, container, command.command)
             started_at = vllm.start_time_s if vllm.start_time_s is not None else getattr(container, "started_at", None)
             if self._config_is_whole(container, started_at):
-                self._changes.observe(config, started_at)
-            collected += self._config_families(config, vllm.families, container)
+                self._changes.observe(config, started_at, command.why_none)
+            collected += self._config_families(config, vllm.families, container, command.source)
         return [*collected, *self._change_families(), *_health_families(scrapes)]
 
     # ----- where to read ------------------------------------------------------------------------------
@@ -178,8 +197,10 @@ class BatchscopeCollector(Collector):
         src = self._sources
         live = self._live_run()
         if live is None:
-            return Targets(src.vllm_url, src.loadgen_url, self._command())
-        return Targets(live.vllm_url, live.loadgen_url or src.loadgen_url, live.command_line or self._command())
+            return Targets(src.vllm_url, src.loadgen_url, *self._command())
+        if live.command_line:
+            return Targets(live.vllm_url, live.loadgen_url or src.loadgen_url, live.command_line, "live_file")
+        return Targets(live.vllm_url, live.loadgen_url or src.loadgen_url, *self._command())
 
     def _live_run(self) -> LiveRun | None:
         path = self._sources.follow
@@ -282,23 +303,43 @@ class BatchscopeCollector(Collector):
             config = container.config.merged_over(config)
         return config
 
-    def _command(self) -> str | list[str] | None:
+    def _command(self) -> tuple[str | list[str] | None, str]:
+        """The command line handed to the exporter and its source: the file, else the flag, else none."""
         src = self._sources
         if src.vllm_command_file is not None and src.vllm_command_file.exists():
             try:
                 text = read_input_text(src.vllm_command_file)  # re-read: a tuner rewrites it per setting
-                return shlex.split(text) or None
+                argv = shlex.split(text)
+                if argv:
+                    return argv, "file"
             except (OSError, ValueError) as exc:  # never the file's text: it may hold a key
                 log.warning("--vllm-command-file %s: cannot read a command line (%s); using --vllm-command",
                             src.vllm_command_file, getattr(exc, "strerror", None) or exc)
-        return src.vllm_command
+        return (src.vllm_command, "flag") if src.vllm_command else (None, "none")
+
+    def _command_line(self, targets: Targets, container: ContainerView | None,
+                      process_pending: Future[ProcessView] | None, deadline: float) -> CommandLine:
+        """The scrape's command line: the container's, else the one handed in (live file, file, flag), else the
+        local process's; without one, why not."""
+        if container is not None:
+            return CommandLine(targets.command, "docker")  # the container's config is merged on top in _config
+        if targets.command is not None:
+            return CommandLine(targets.command, targets.source)
+        if process_pending is None:
+            return CommandLine(None, "none", PROCESS_OFF)
+        try:
+            view = self._workers.wait(process_pending, deadline)
+        except FetchTimeout:
+            view = ProcessView(None, "the process serving vLLM's port was not found in time")
+        return CommandLine(view.argv, "process") if view.argv is not None else CommandLine(None, "none", view.why)
 
     def _config_families(self, config: ServingConfig, vllm_families: list[Metric],
-                         container: ContainerView | None) -> Iterator[Metric]:
-        labels = config.labels()
+                         container: ContainerView | None, source: str) -> Iterator[Metric]:
+        labels = {**config.labels(), "command_line_source": source}
         info = GaugeMetricFamily("batchscope_vllm_config_info",
-                                 "Serving configuration in effect (value 1): docker command line, then the given "
-                                 "`vllm serve` command, then what vLLM exposes; '' = unknown.",
+                                 "Serving configuration in effect (value 1): the command line (command_line_source: "
+                                 "docker, live_file, file, flag, process; none: the knobs vLLM does not expose are "
+                                 "unknown), then what vLLM exposes; '' = unknown.",
                                  labels=list(labels))
         info.add_metric(list(labels.values()), 1)
         yield info
@@ -316,6 +357,10 @@ class BatchscopeCollector(Collector):
         yield CounterMetricFamily("batchscope_config_changes",
                                   "Serving configuration or vLLM start-time changes seen between scrapes.",
                                   value=self._changes.changes)
+        yield CounterMetricFamily("batchscope_config_changes_not_visible",
+                                  "Of batchscope_config_changes_total, those seen without a command line before and "
+                                  "after: knobs vLLM does not expose were not compared (the annotation says which).",
+                                  value=self._changes.not_visible)
         yield GaugeMetricFamily("batchscope_config_last_change_timestamp_seconds",
                                 "Unix time of the last configuration change (0 = none seen).",
                                 value=self._changes.last_change_s)

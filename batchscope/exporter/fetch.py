@@ -23,7 +23,8 @@ from batchscope.wire.bounded_read import FetchTimeout
 
 MAX_REDIRECTS = 5  # requests' 30 would let a redirect loop keep a worker 30 socket timeouts past its deadline
 M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES = -3, 128 << 10  # glibc's mallopt parameter (malloc.h) and its default
-WORKERS = 8  # one job per key: a scrape's five (two /metrics, two JSON, docker), plus stuck ones of changed URLs
+# one job per key: a scrape's six (two /metrics, two JSON, docker, the local process), plus stuck ones of changed URLs
+WORKERS = 8
 T = TypeVar("T")
 
 

@@ -54,6 +54,8 @@ CASES = {
     "env timeout 0": ([], {"BATCHSCOPE_SCRAPE_TIMEOUT_S": "0"}, "BATCHSCOPE_SCRAPE_TIMEOUT_S"),
     "env vllm url without a scheme": ([], {"BATCHSCOPE_VLLM_URL": "vllm:8000"}, "BATCHSCOPE_VLLM_URL"),
     "env command file missing": ([], {"BATCHSCOPE_VLLM_COMMAND_FILE": "MISSING"}, "BATCHSCOPE_VLLM_COMMAND_FILE"),
+    "process source neither auto nor off": (["--vllm-process", "on"], {}, "--vllm-process: must be one of auto, off"),
+    "env process source neither auto nor off": ([], {"BATCHSCOPE_VLLM_PROCESS": "yes"}, "BATCHSCOPE_VLLM_PROCESS"),
     **SLO_CASES,
 }
 # secrets set beside every case: none may appear in an error line

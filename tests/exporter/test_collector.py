@@ -188,6 +188,25 @@ def test_a_knob_passed_for_the_first_time_or_dropped_is_a_change_against_vllms_d
     assert registry.get_sample_value("batchscope_config_changes_total") == 2
 
 
+def test_the_info_names_where_its_command_line_came_from(upstream, tmp_path):
+    command_file = tmp_path / "vllm-command"
+    command_file.write_text(f"vllm serve {MODEL} --max-num-seqs 64")
+    by_source = {"file": {"vllm_command_file": command_file, "vllm_command": f"vllm serve {MODEL}"},
+                 "flag": {"vllm_command": f"vllm serve {MODEL}"}, "none": {}}
+    assert {source: config_labels(registry_of(collector_for(upstream, **flags)))["command_line_source"]
+            for source, flags in by_source.items()} == {source: source for source in by_source}
+
+
+def test_a_vllm_restart_without_a_command_line_is_counted_as_not_visible(upstream):
+    registry = registry_of(collector_for(upstream))
+    config_labels(registry)
+    upstream.vllm_text = VLLM_METRICS.replace("process_start_time_seconds 1.7e+09",
+                                              "process_start_time_seconds 1.8e+09")
+    assert config_labels(registry)["max_num_seqs"] == ""
+    assert registry.get_sample_value("batchscope_config_changes_total") == 1
+    assert registry.get_sample_value("batchscope_config_changes_not_visible_total") == 1
+
+
 def test_a_vllm_restart_with_the_same_configuration_is_a_change(upstream):
     clock = Clock(5.0)
     registry = registry_of(collector_for(upstream, clock=clock))
