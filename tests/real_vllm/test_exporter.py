@@ -1,5 +1,6 @@
 """The exporter in front of a real vLLM: every family re-exposed as vLLM serves it, and the configuration in
-effect from the command line and from what vLLM reports (cache_config_info, /version, the start-up log)."""
+effect from the command line (given, or read from the `vllm serve` process by /proc) and from what vLLM reports
+(cache_config_info, /version, the start-up log)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shlex
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchscope.exporter.config import parse_command
 from tests.conftest import samples
 from tests.real_vllm.support import SERVED_NAME, tier
 
@@ -41,3 +43,14 @@ def test_every_real_vllm_family_is_re_exposed_with_the_configuration_in_effect(v
     assert exported_text_samples[("batchscope_vllm_kv_cache_capacity_tokens", ())] == logged
     assert exported_text_samples[("batchscope_vllm_kv_cache_max_concurrency", ())] == logged / 1024
     assert exported_text_samples[("batchscope_up", (("target", "vllm"),))] == 1
+
+
+def test_without_a_command_line_the_exporter_reads_the_real_vllm_serve_argv_from_proc(vllm, exporters):
+    """The tier's shared server is a local `vllm serve` (its engine core a child process): an exporter given only
+    its URL finds the process listening on its port and reads the knobs from its argv."""
+    info = next(dict(labels) for (name, labels) in exporters("--vllm-url", vllm.url).scrape()
+                if name == "batchscope_vllm_config_info")
+    given = parse_command(tier().serve_argv(vllm.port, *vllm.flags)).labels()
+    assert info["command_line_source"] == "process"
+    assert (info["max_model_len"], info["max_num_seqs"], info["max_num_batched_tokens"]) == ("1024", "8", "1024")
+    assert (info["model"], info["other_flags"]) == (given["model"], given["other_flags"])
