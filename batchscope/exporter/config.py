@@ -1,9 +1,9 @@
 """The serving configuration in effect: parsed from a `vllm serve` command line, or read from what vLLM exposes.
 
 Sources, most trusted first: the vLLM container's command line (docker SDK), a command line handed to the
-exporter (string or file), and vLLM's own endpoints (cache_config_info labels, /v1/models, /version). Values
-from a more trusted source win; what no source tells stays unknown (""). A knob a command line leaves out is
-vLLM's default: passing it, or dropping it, is a change against that default.
+exporter (live file, file, flag) or else the local vLLM process's (/proc), and vLLM's own endpoints
+(cache_config_info labels, /v1/models, /version). Values from a more trusted source win; what no source tells stays
+unknown (""). A knob a command line leaves out is vLLM's default: passing it, or dropping it, is a change.
 
 Secrets are masked here, at the source: the value of every flag whose name says key, token, secret or password
 (``--api-key``, ``--hf-token``) is ``***`` in a ServingConfig, so the info metric, the logs and the Grafana
