@@ -1,4 +1,5 @@
-"""`batchscope load`: run the workload spec headless with Locust (a master and N worker processes).
+"""`batchscope load`: run the workload spec with Locust (a master and N worker processes), headless or, with
+``--web``, in Locust's web UI (its start form shows the spec's load, its LLM tab the run and the knobs).
 
 Everything that can refuse the run is checked before Locust starts, so a refusal is one line and nothing else
 (no banner, no empty tables or CSV files): the flags, the spec, and the server (stream/target.py's pre-flight:
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 from batchscope.inputs import exits
+from batchscope.loadgen.adapter.serving_knobs import command_line
 from batchscope.loadgen.checks import BadInput, check_host, check_out_dir, check_port, check_run_id
 from batchscope.loadgen.figures import DEFAULT_METRICS_PORT
 from batchscope.loadgen.spec import SpecError, WorkloadSpec, load_spec
@@ -22,10 +24,12 @@ from batchscope.runs import run_ids
 LOCUSTFILE = Path(__file__).parent / "adapter" / "locustfile.py"
 MASTER_PORT = 5557  # Locust's default
 ANY_ADDRESS = ("*", "0.0.0.0")
+WEB_PORT = 8089  # Locust's default
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    load = commands.add_parser("load", help="send the fixed streaming load of a workload spec (Locust, headless)")
+    load = commands.add_parser("load", help="send the fixed streaming load of a workload spec (Locust, headless or "
+                                            "in its web UI)")
     load.add_argument("--spec", required=True, metavar="FILE", help="workload spec YAML")
     load.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                       help="override a spec field, e.g. --set load.rate=8 (repeatable)")
@@ -42,6 +46,23 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                            "--master-host HOST`")
     load.add_argument("--master-port", type=int, default=MASTER_PORT,
                       help="port the master listens on for workers (two runs with workers at once need two)")
+    web = load.add_argument_group("web UI", "Locust's web UI with the LLM tab (no login: loopback by default)")
+    web.add_argument("--web", action="store_true",
+                     help="open Locust's web UI instead of running headless: Start begins the spec's run, the "
+                          "process stays up after it until Ctrl-C")
+    web.add_argument("--web-host", default="127.0.0.1", metavar="ADDR",
+                     help="address the web UI listens on (0.0.0.0: any; the UI can start and stop runs)")
+    web.add_argument("--web-port", type=int, default=WEB_PORT, help="port of the web UI")
+    web.add_argument("--grafana-url", default="", metavar="URL", help="Grafana base URL: the LLM tab links its "
+                     "batchscope dashboards")
+    web.add_argument("--exporter-url", default="", metavar="URL",
+                     help="batchscope exporter base URL: the LLM tab shows the knobs in effect from its "
+                          "batchscope_vllm_config_info")
+    web.add_argument("--vllm-command", default="", metavar="LINE",
+                     help="vLLM's command line (`vllm serve MODEL --max-num-seqs 64 ...`): the LLM tab shows its "
+                          "knobs when no --exporter-url is given")
+    web.add_argument("--vllm-command-file", default="", metavar="FILE",
+                     help="a file holding vLLM's command line (as --vllm-command)")
     load.set_defaults(run=run_load)
 
 
@@ -58,7 +79,7 @@ def run_load(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C during the pre-flight's requests: no run, nothing written
         print("batchscope load: interrupted before the run started", file=sys.stderr)
         return exits.INTERRUPTED
-    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), *mode_flags(args),
                "--host", args.host, "--spec", args.spec, "--run-id", run_id, "--out", str(out),
                "--metrics-port", str(args.metrics_port), "--csv", str(out / "locust"), "--stop-timeout", "0",
                # Locust's end-of-run table goes to a file, not after our summary: the console has one report
@@ -72,10 +93,24 @@ def run_load(args: argparse.Namespace) -> int:
                     "--master-bind-port", str(args.master_port), "--master-port", str(args.master_port)]
         if args.master_bind_host not in ANY_ADDRESS:
             command += ["--master-host", args.master_bind_host]  # where the forked workers connect
-    print(f"batchscope load: {spec.load.mode} load on {args.host}, results in {out}", file=sys.stderr, flush=True)
+    where = f", web UI on http://{args.web_host}:{args.web_port}/" if args.web else ""
+    print(f"batchscope load: {spec.load.mode} load on {args.host}, results in {out}{where}", file=sys.stderr,
+          flush=True)
     # become Locust: signals (Ctrl-C, SIGTERM) reach it directly and no wrapper process is left behind
     os.execv(sys.executable, command)
     return 1  # not reached
+
+
+def mode_flags(args: argparse.Namespace) -> list[str]:
+    """Locust's flags for a headless run, or for its web UI with the LLM tab's sources."""
+    if not args.web:
+        return ["--headless", "--only-summary"]
+    flags = ["--web-host", args.web_host, "--web-port", str(args.web_port)]
+    for flag, value in (("--grafana-url", args.grafana_url), ("--exporter-url", args.exporter_url),
+                        ("--vllm-command", args.vllm_command), ("--vllm-command-file", args.vllm_command_file)):
+        if value:
+            flags.append(f"{flag}={value}")  # one word: a command line's value may start with a dash
+    return flags
 
 
 def preflight(spec: WorkloadSpec, host: str) -> tuple[int, int] | None:
@@ -91,6 +126,16 @@ def check_inputs(args: argparse.Namespace) -> tuple[str, Path]:
     if args.workers < 0:
         raise BadInput("--workers: must be >= 0")
     check_port("--metrics-port", args.metrics_port)
+    for flag in ("grafana_url", "exporter_url", "vllm_command", "vllm_command_file"):
+        if getattr(args, flag) and not args.web:
+            raise BadInput(f"--{flag.replace('_', '-')}: for the web UI's LLM tab, only with --web")
+    if args.web:
+        check_host("--web-host", args.web_host)
+        if not 1 <= args.web_port <= 65535:
+            raise BadInput(f"--web-port: {args.web_port} is not a port number (1-65535)")
+        check_port("--web-port", args.web_port, "" if args.web_host in ANY_ADDRESS else args.web_host,
+                   host_flag="--web-host")
+        command_line(args.vllm_command, args.vllm_command_file)
     if args.workers:
         if not 1 <= args.master_port <= 65535:  # workers connect to it: 0 cannot mean "off" here
             raise BadInput(f"--master-port: {args.master_port} is not a port number (1-65535)")

@@ -105,6 +105,7 @@ def test_figures_match_the_summary_as_records_arrive(tmp_path):
     for batch in (range(0, 30), range(30, 31), range(31, 80)):  # warm-up records first, then the window
         for i in batch:
             ctl.accept(record(i, ctl.start_s, outcome="timeout" if i % 9 == 0 else "ok"))
+        window.update(ctl)  # as the tab's chart point does
         table = {r["figure"]: r for r in rows(ctl, window)}
         figures = {figure: r["value"] for figure, r in table.items()}
         summary = ctl.summary()
@@ -132,8 +133,9 @@ def exposition(preemptions: float, kv: tuple[float, float] = (0.25, 0.5)) -> str
 
 
 def tab_rows(ctl: RunControl, server: ServerMetrics) -> list[dict[str, str]]:
-    """The rows the tab's /llm/state answers while the run goes on (a server read first, when due)."""
+    """The rows the tab's /llm/state answers after a chart point (a server read first, when due)."""
     tab = LlmTab(lambda: ctl, lambda: False, servers={ctl.host: server})
+    tab.sample(ctl)
     return tab.state()["rows"]
 
 
@@ -264,7 +266,7 @@ class DevTools:
 def charted(tab: dict | None) -> bool:
     """The tab is drawn, running, its config shown and each chart's every line has at least 3 points."""
     return (tab is not None and tab["state"] == "running" and "block_size" in tab["figures"]
-            and len(tab["charts"]) == 6 and all(n >= 3 for lines in tab["charts"].values() for n in lines.values()))
+            and len(tab["charts"]) == 9 and all(n >= 3 for lines in tab["charts"].values() for n in lines.values()))
 
 
 async def watch_llm_tab(devtools_port: int, shots: Path) -> tuple[dict, str, dict, dict]:
@@ -363,8 +365,9 @@ def test_llm_tab_draws_cards_and_charts_and_freezes_them_at_the_stop(simulator, 
         idle = wait_until(lambda: server_queue(sim.url) == 0 or None, timeout_s=10, message="the server idle")
     # a grid of cards for a screen, not a list: several columns at 1400 px
     assert running["columns"] >= 2
-    assert {"latency", "server", "config", "throughput", "requests", "spec", "links", "chart-ttft", "chart-itl",
-            "chart-queue", "chart-kv", "chart-preemptions", "chart-rejections"} <= set(running["cards"])
+    charts = ("ttft", "tpot", "itl", "throughput", "tokens", "queue", "kv", "preemptions", "rejections")
+    assert {"latency", "server", "config", "throughput", "requests", "spec", "links", "knobs",
+            *(f"chart-{chart}" for chart in charts)} <= set(running["cards"])
     assert set(running["charts"]["ttft"]) == {"ttft_p50", "ttft_p90", "ttft_p99"}
     assert set(running["charts"]["queue"]) == {"running", "waiting"}
     assert set(running["charts"]["rejections"]) == {"rejected_max_num_queued_reqs", "rejected_max_num_queued_tokens"}

@@ -1,5 +1,6 @@
 """The Locust adapter: the only part of the load generator that imports Locust (entry point: locustfile.py).
 
-Nothing else imports it: `batchscope load` (batchscope/loadgen/cli.py) hands Locust the locustfile's path."""
+`batchscope load` (batchscope/loadgen/cli.py) hands Locust the locustfile's path; it imports only
+serving_knobs.py (no Locust there), to check a vLLM command line before it becomes Locust."""
 
 __all__: list[str] = []

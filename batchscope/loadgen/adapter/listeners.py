@@ -1,10 +1,11 @@
 """Locust wiring: the event listeners through which every batchscope behaviour hangs off a Locust run.
 
 Importing this module registers them (listeners take **kwargs always, so new event fields don't break them):
-the locustfile's options (options.py), the run's set-up at init for this process's role, and the summary at
-quitting (finish.py). The adapter's other parts: session.py (the run's state per process and its roles),
-shape.py (the load shape), messages.py (worker ↔ master), interrupts.py (SIGINT/SIGTERM); the core's:
-batchscope/loadgen/run/control.py (the controller), batchscope/loadgen/run/sender.py (the sender).
+the locustfile's options (options.py), the run's set-up at init for this process's role, the summary at the
+run's stop and the exit status at quitting (finish.py). The adapter's other parts: session.py (the run's state
+per process and its roles), shape.py (the load shape), messages.py (worker ↔ master), interrupts.py
+(SIGINT/SIGTERM), webui.py (the web UI's LLM tab and start form); the core's: batchscope/loadgen/run/control.py
+(the controller), batchscope/loadgen/run/sender.py (the sender).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from batchscope.inputs import exits
 from batchscope.loadgen.adapter import interrupts, messages
-from batchscope.loadgen.adapter.finish import on_quitting
+from batchscope.loadgen.adapter.finish import on_quitting, on_test_stop
 from batchscope.loadgen.adapter.options import add_arguments, check_options
+from batchscope.loadgen.adapter.serving_knobs import ExporterKnobs, KnobView, command_line
 from batchscope.loadgen.adapter.session import new_control, options_of, session
 from batchscope.loadgen.adapter.stats import take_over_csv
 from batchscope.loadgen.checks import BadInput
@@ -36,6 +38,7 @@ log = logging.getLogger("batchscope.loadgen")
 DRAIN_BATCH = 2
 
 events.init_command_line_parser.add_listener(add_arguments)
+events.test_stop.add_listener(on_test_stop)
 events.quitting.add_listener(on_quitting)
 
 
@@ -58,6 +61,7 @@ def _install(environment: Environment, runner: Runner, web_ui: Any) -> None:
     try:
         spec = load_spec(options.spec, options.spec_set)
         check_options(options)
+        command_line(options.vllm_command, options.vllm_command_file)
     except (SpecError, BadInput) as exc:
         log.error("%s", exc)
         environment.process_exit_code = exits.BAD_INPUT
@@ -79,7 +83,17 @@ def _install(environment: Environment, runner: Runner, web_ui: Any) -> None:
     if web_ui is not None:
         from batchscope.loadgen.adapter import webui
 
-        webui.install(web_ui, lambda: session(environment).control, grafana_url=options.grafana_url)
+        webui.install(web_ui, lambda: session(environment).control, grafana_url=options.grafana_url,
+                      knobs=knob_view(options), summary_file=lambda: session(environment).summary_file)
+
+
+def knob_view(options: Any) -> KnobView:
+    """The LLM tab's knobs: the exporter's when a URL is given, else the command line's (checked at init)."""
+    if options.exporter_url:
+        return KnobView(exporter=ExporterKnobs(options.exporter_url))
+    command = command_line(options.vllm_command, options.vllm_command_file)
+    return KnobView(command=command, command_from="--vllm-command-file" if options.vllm_command_file
+                    else "--vllm-command")
 
 
 def client_registry(ctl: RunControl) -> CollectorRegistry:

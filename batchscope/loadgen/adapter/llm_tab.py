@@ -1,6 +1,6 @@
 """The state of the "LLM" tab of Locust's web UI, on the controller: the run's client figures, the server's
-queue as vLLM's /metrics reports it, the serving configuration it exposes, charts of these over the run, links
-to the Grafana dashboards and the workload spec.
+queue as vLLM's /metrics reports it, the serving configuration and knobs in effect (serving_knobs.py), charts
+of these over the run, links to the Grafana dashboards, the workload spec and where the summary is written.
 
 ``LlmTab.state()`` is what ``<base>/llm/state`` answers (webui.py serves it, static/llm_tab.js draws it). The
 server is read at most once per MIN_READ_INTERVAL_S, bounded in time and bytes (batchscope/vllm/scrape.py), and
@@ -19,6 +19,7 @@ from typing import Any
 import gevent
 import requests
 
+from batchscope.loadgen.adapter.serving_knobs import KnobView
 from batchscope.loadgen.figures import Distribution, generator_line, latencies
 from batchscope.loadgen.run import RunControl
 from batchscope.loadgen.spec import WorkloadSpec
@@ -36,7 +37,7 @@ from batchscope.vllm.catalogue import (
 from batchscope.wire.bounded_read import METRICS_MAX_BYTES
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
-CHARTED_LATENCIES = ("ttft", "itl")
+CHARTED_LATENCIES = ("ttft", "tpot", "itl")
 PERCENTILES = ("p50", "p90", "p99")
 LOAD_LEVEL = {"concurrency": ("concurrency", "users"), "poisson": ("rate", "req/s"), "offline": ("requests", "total")}
 DASHBOARDS = {"overview": "batchscope-overview", "comparison": "batchscope-comparison"}  # fixed Grafana uids
@@ -59,15 +60,17 @@ SAMPLE_PREFIXES = tuple(f"{name}{end}" for names in (*SERVER_SAMPLES.values(), (
 
 
 class Window:
-    """The LLM tab's latency figures, recomputed from the controller's RunFigures only when a request completed
-    since the last poll (exact percentiles of a long run's TTFT take a few ms)."""
+    """The LLM tab's window figures, recomputed from the controller's RunFigures at each chart point, only when a
+    request completed since the last one (exact percentiles of a long run's TTFT take a few ms)."""
 
     def __init__(self) -> None:
         self.completed = 0
         self.output_tokens = 0
         self.latency = {name: Distribution.of([]) for name in LATENCIES}
+        self.at_s = -math.inf  # when last updated
 
     def update(self, ctl: RunControl) -> None:
+        self.at_s = time.time()
         figures = ctl.figures
         if figures.completed == self.completed:
             return  # nothing new: the percentiles stand
@@ -186,30 +189,49 @@ class History:
         return {key: [point[key] for point in self.points] for key in keys}
 
 
-class RejectionRate:
-    """vLLM's admission rejections per second since the previous chart point, by reason: the requests the client
-    counted rejected_busy (the whole run's, as the server's queue beside them)."""
+class CounterRate:
+    """Counters the controller keeps over the whole run (``counts``), per second since the previous chart point."""
 
     def __init__(self) -> None:
         self.last: tuple[float, dict[str, int]] | None = None  # (when, the counts then)
 
+    def counts(self, ctl: RunControl) -> dict[str, int]:
+        raise NotImplementedError
+
     def per_s(self, ctl: RunControl, now: float) -> dict[str, float | None]:
         assert ctl.start_s is not None
-        counts = {reason: ctl.stats.admission_rejections.get(reason, 0) for reason in ADMISSION_REJECTION_REASONS}
+        counts = self.counts(ctl)
         since, before = self.last or (ctl.start_s, dict.fromkeys(counts, 0))
         self.last = (now, counts)
         span = now - since
-        return {f"rejected_{reason}": round((count - before[reason]) / span, 3) if span > 0 else None
-                for reason, count in counts.items()}
+        return {key: round((count - before[key]) / span, 3) if span > 0 else None for key, count in counts.items()}
+
+
+class RejectionRate(CounterRate):
+    """vLLM's admission rejections by reason: the requests the client counted rejected_busy (the whole run's, as
+    the server's queue beside them)."""
+
+    def counts(self, ctl: RunControl) -> dict[str, int]:
+        return {f"rejected_{reason}": ctl.stats.admission_rejections.get(reason, 0)
+                for reason in ADMISSION_REJECTION_REASONS}
+
+
+class ThroughputRate(CounterRate):
+    """Requests completed ok and output tokens of the finished requests (the whole run's, warm-up included)."""
+
+    def counts(self, ctl: RunControl) -> dict[str, int]:
+        return {"completed_per_s": ctl.stats.outcomes["ok"], "output_tokens_per_s": ctl.stats.output_tokens}
 
 
 def chart_point(ctl: RunControl, window: Window, server: ServerMetrics,
-                rejections: RejectionRate) -> dict[str, float | None]:
+                rates: tuple[CounterRate, ...]) -> dict[str, float | None]:
     """The charts' values now: elapsed seconds, the window's latency percentiles (ms), the server's figures, the
-    admission rejections per second."""
+    counters' rates per second (admission rejections, throughput)."""
     assert ctl.start_s is not None
     now = time.time()
-    point: dict[str, float | None] = {"t": round(now - ctl.start_s, 2), **rejections.per_s(ctl, now)}
+    point: dict[str, float | None] = {"t": round(now - ctl.start_s, 2)}
+    for rate in rates:
+        point.update(rate.per_s(ctl, now))
     for name in CHARTED_LATENCIES:
         for p in PERCENTILES:
             value = getattr(window.latency[name], p)
@@ -229,10 +251,13 @@ class LlmTab:
     get_control: Callable[[], RunControl | None]
     stopped_outside: Callable[[], bool]  # the run was stopped by other means than its controller (Locust's button)
     grafana_url: str = ""
+    knobs: KnobView = field(default_factory=KnobView)
+    summary_path: Callable[[], str] = lambda: ""  # where summary.json is, once the run stopped and it is written
     window: Window = field(default_factory=Window)
     history: History = field(default_factory=History)
-    rejections: RejectionRate = field(default_factory=RejectionRate)
+    rates: tuple[CounterRate, ...] = field(default_factory=lambda: (RejectionRate(), ThroughputRate()))
     servers: dict[str, ServerMetrics] = field(default_factory=dict)
+    generator: str = "-"  # the load generator's verdict at the last point (frozen at the stop)
     closed: bool = False  # the charts' last point is in
 
     def server(self, ctl: RunControl) -> ServerMetrics:
@@ -243,36 +268,66 @@ class LlmTab:
         return ctl.stopping or self.stopped_outside()
 
     def sample(self, ctl: RunControl) -> None:
-        """Bring the figures up to date and add a point to the charts (while the run is on)."""
-        ctl.refresh()
-        self.window.update(ctl)
+        """Add a point to the charts (while the run is on). The cards' latencies are the window as of this point
+        (one computation for both, no yield between it and the point): a legend's p99 is the table's."""
         if self.over(ctl):
             return
         server = self.server(ctl)
         server.read(window_start(ctl), keep=lambda: not self.over(ctl))
+        self.knobs.read()
         if not self.over(ctl):
-            self.history.add(chart_point(ctl, self.window, server, self.rejections))
+            self.take_point(ctl)
+
+    def take_point(self, ctl: RunControl, last: bool = False) -> None:
+        ctl.refresh()
+        self.window.update(ctl)
+        self.generator = generator_line(ctl.saturation.live())
+        self.history.add(chart_point(ctl, self.window, self.server(ctl), self.rates), last=last)
 
     def close(self, ctl: RunControl) -> None:
         """End the charts on the figures the cards freeze at (the last reading taken while the run was on), once."""
         if not self.closed:
             self.closed = True
-            self.window.update(ctl)
-            self.history.add(chart_point(ctl, self.window, self.server(ctl), self.rejections), last=True)
+            generator = self.generator
+            self.take_point(ctl, last=True)
+            self.generator = generator  # the verdict while the run went on: after it no request reads a stream
 
     def state(self) -> dict[str, Any]:
-        """What /llm/state answers: the run's state, the cards' rows, the charts' series."""
+        """What /llm/state answers: the run's state, the cards' rows, the charts' series, the start form's load."""
         ctl = self.get_control()
+        load = [] if ctl is None else load_lines(ctl.spec)
         if ctl is None or ctl.start_s is None:
-            return {"state": "not started", "frozen": False, "rows": rows(None, self.window), "series": {}}
+            return {"state": "not started", "frozen": False, "rows": rows(None, self.window), "series": {},
+                    "load": load}
         frozen = self.over(ctl)
         if frozen:
             self.close(ctl)
-        else:
-            self.server(ctl).read(window_start(ctl), keep=lambda: not self.over(ctl))
-        table = rows(ctl, self.window, self.server(ctl), self.grafana_url)
+        table = [*rows(ctl, self.window, self.server(ctl), self.grafana_url, self.generator),
+                 *knob_rows(self.knobs), *summary_rows(self.summary_path(), frozen)]
         return {"state": "stopped" if frozen else "running", "frozen": frozen, "rows": table,
-                "series": self.history.series()}
+                "series": self.history.series(), "load": load}
+
+
+def knob_rows(view: KnobView) -> list[dict[str, str]]:
+    source, values = view.values()
+    return [row("knobs", "source", source), *(row("knobs", name, value) for name, value in values.items())]
+
+
+def summary_rows(path: str, frozen: bool) -> list[dict[str, str]]:
+    if path:
+        return [row("run", "summary.json", path)]
+    return [row("run", "summary.json", "being written" if frozen else "written when the run stops")]
+
+
+def load_lines(spec: WorkloadSpec) -> list[tuple[str, str]]:
+    """The spec's load as the start form shows it instead of Locust's users and ramp-up."""
+    load = spec.load
+    level, unit = LOAD_LEVEL[load.mode]
+    lines = [("mode", load.mode), (f"{level} ({unit})", str(getattr(load, level)))]
+    if load.mode != "offline":
+        lines += [("warm-up (s)", f"{spec.warmup_s:g}"), ("duration (s)", f"{spec.duration_s:g}")]
+    return [*lines, ("input / output tokens", f"{spec.input_tokens} / {spec.output_tokens}"),
+            ("stream", str(spec.stream).lower())]
 
 
 def read_at_window_start(get_control: Callable[[], RunControl | None],
@@ -295,16 +350,16 @@ def sample_while_running(tab: LlmTab) -> None:
 
 
 def rows(ctl: RunControl | None, window: Window, server: ServerMetrics | None = None,
-         grafana_url: str = "") -> list[dict[str, str]]:
-    """The cards' rows (each names its card): latencies, throughput, requests, generator, server, serving
-    config (when a server is given), Grafana links, spec. A server is read by the caller, not here."""
+         grafana_url: str = "", generator: str = "-") -> list[dict[str, str]]:
+    """The cards' rows (each names its card): latencies and throughput as of the window's last update,
+    requests, the generator's verdict, server and serving config (when a server is given), Grafana links,
+    spec. The window is updated and the server read by the caller, not here."""
     if ctl is None or ctl.start_s is None:
         return [row("run", "run", "not started")]
-    ctl.refresh()
-    window.update(ctl)
     server_part = [] if server is None else server_rows(server, window_start(ctl)) + config_rows(ctl, server)
-    return (latency_rows(window) + throughput_rows(ctl, window) + request_rows(ctl) + generator_rows(ctl) + server_part
-            + grafana_rows(grafana_url) + spec_rows(ctl.spec))
+    return (latency_rows(window) + throughput_rows(ctl, window) + request_rows(ctl)
+            + [row("generator", "load generator", generator)] + server_part + grafana_rows(grafana_url)
+            + spec_rows(ctl.spec))
 
 
 def row(card: str, figure: str, value: object, **percentiles: str) -> dict[str, str]:
@@ -325,7 +380,7 @@ def milliseconds(seconds: float | None) -> str:
 
 def throughput_rows(ctl: RunControl, window: Window) -> list[dict[str, str]]:
     span = ctl.window()
-    measured = min(time.time(), span.end_s) - span.start_s
+    measured = min(window.at_s, span.end_s) - span.start_s
     if measured <= 0:
         return [row("throughput", "measured (s)", "warming up")]
     return [
@@ -352,12 +407,6 @@ def request_rows(ctl: RunControl) -> list[dict[str, str]]:
     """Counts since the start, warm-up included (as the summary's outcomes)."""
     outcomes = [row("requests", f"outcome {outcome}", ctl.stats.outcomes[outcome]) for outcome in OUTCOMES]
     return [row("requests", "started", ctl.stats.started), *outcomes, row("requests", "in flight", ctl.in_flight)]
-
-
-def generator_rows(ctl: RunControl) -> list[dict[str, str]]:
-    """The live saturation verdict (batchscope/loadgen/figures/saturation.py): the advice when the generator is the
-    bottleneck."""
-    return [row("generator", "load generator", generator_line(ctl.saturation.live()))]
 
 
 def server_rows(server: ServerMetrics, window_start_s: float) -> list[dict[str, str]]:

@@ -16,6 +16,7 @@ import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import gevent
 from locust.env import Environment
 from locust.runners import MasterRunner, Runner, WorkerRunner
 from prometheus_client import CollectorRegistry
@@ -57,6 +58,8 @@ class Session:
     control: RunControl | None = None  # controller only: built at init from the spec
     registry: CollectorRegistry | None = None  # controller only: the merged client metrics
     stop_requested: bool = False  # the run is ending: a sender built from now on starts no request
+    closing: gevent.Greenlet | None = None  # controller only: the run's close (finish.py), from its stop on
+    summary_file: str = ""  # controller only: where summary.json was written
 
 
 _SESSIONS: weakref.WeakKeyDictionary[Environment, Session] = weakref.WeakKeyDictionary()
