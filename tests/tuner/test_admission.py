@@ -8,9 +8,10 @@ import pytest
 
 from batchscope.tuner.compare import Comparison, compare
 from batchscope.tuner.mlperf.rules import PointFlow, ServerRules, judge
-from batchscope.tuner.plan import Plan, ServingParams, Slos
+from batchscope.tuner.plan import TUNABLE, Plan, ServingParams, Slos
+from batchscope.tuner.report import console_lines
 from batchscope.tuner.report.files import render_markdown
-from batchscope.tuner.report.text import console_lines, queued_tokens_lines, settings_head, settings_rows
+from batchscope.tuner.report.text import baseline_line, queued_tokens_lines, settings_head, settings_rows
 from batchscope.tuner.results import RunResult
 from batchscope.tuner.results.signals import MetricsPoint, server_signals
 from batchscope.tuner.whatif import run_what_if
@@ -89,7 +90,8 @@ def test_the_suggested_max_num_queued_tokens_is_the_ttft_bound_times_the_measure
     assert (round(pick.prefill_tokens_per_s), pick.max_num_queued_tokens) == (16_667, 33_333)
     assert PROMPT_TOKENS.exposed_name in pick.source_text
     lines = console_lines(c)
-    assert lines[1].startswith("mnqr-64: goodput ") and "rejected 180 (36.0%)" in lines[1]
+    assert "rejected (%)" in lines[0]  # shown: some setting rejected
+    assert lines[2].startswith("mnqr-64 ") and " 36.0 " in lines[2]
     assert lines[-1].startswith("Suggested max_num_queued_tokens for mnqr-64: 33,333 = TTFT target 2 s (the plan's "
                                 "p99 TTFT bound) × prefill throughput 16,667 tokens/s (the server's ")
     assert "Suggested max_num_queued_tokens for mnqr-64: **33,333**" in render_markdown(c)
@@ -134,8 +136,12 @@ def test_a_what_if_run_counts_the_simulators_refusals_as_the_load_generator_woul
     assert (free.client.rejected, free.client.rejected_share, free.server.admission_rejections) == ({}, 0.0, 0)
 
 
-def test_the_settings_table_has_a_column_only_for_the_knobs_a_setting_sets_or_the_server_chose():
+def test_the_settings_table_names_the_change_and_the_baseline_line_the_knobs_every_setting_keeps():
     c = _queue_plan()
     head = settings_head(c)
-    assert "max_num_queued_reqs" in head and "max_num_queued_tokens" not in head  # unset everywhere, not reported
-    assert all(len(row) == len(head) for row in settings_rows(c))
+    assert not set(head) & set(TUNABLE)  # no column of one value: the plan's changes are in 'changed'
+    rows = {row[0]: row for row in settings_rows(c)}
+    assert all(len(row) == len(head) for row in rows.values())
+    assert rows["mnqr-64"][1] == "max_num_queued_reqs vLLM default → 64"
+    line = baseline_line(c)
+    assert line.startswith("Baseline: max_num_seqs ") and "max_num_queued_tokens" not in line  # unset, not reported

@@ -48,7 +48,9 @@ def test_the_queue_knobs_example_reports_rejections_goodput_and_the_suggestion(t
     assert "the queue is capped at 64 requests (max_num_queued_reqs), below max_num_seqs 128" in report
     assert "Suggested max_num_queued_tokens for mnqr-136: **" in report
     lines = result.stdout.splitlines()
-    assert any(line.startswith("mnqr-136: goodput ") and "rejected 1" in line for line in lines)
+    assert "rejected (%)" in next(line for line in lines if line.startswith("setting "))
+    share = f"{value('mnqr-136', 'rejected_share') * 100:.1f}"
+    assert f" {share} " in next(line for line in lines if line.startswith("mnqr-136 "))  # in the results table
     suggestion = next(line for line in lines if line.startswith("Suggested max_num_queued_tokens"))
     tokens = int(suggestion.split(": ")[1].split(" = ")[0].replace(",", ""))
     assert 40_000 < tokens < 60_000 and "TTFT target 2 s" in suggestion  # 2 s x ~24,600 tokens/s

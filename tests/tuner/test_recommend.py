@@ -53,7 +53,7 @@ def test_goodput_recommends_among_the_settings_that_met_the_slos():
     lines = recommendation_lines(c)
     assert lines[0].startswith("**Recommended: fast** — highest goodput among the settings that met the SLOs "
                                "(goodput 19.17 req/s)")
-    assert "One repeat per setting: the evidence is indicative only." in lines[0]
+    assert "With fewer than 3 runs per setting no difference is called significant" in lines[0]
     why = next(x for x in lines if x.startswith("Why: "))
     assert "vs the baseline (indicative)" in why and "[" in why and "TTFT p99" in why and "≤ 2,000 ms" in why
     runner = next(x for x in lines if x.startswith("Runner-up: **baseline**"))

@@ -90,7 +90,8 @@ def test_markdown_has_the_tables(written):
         assert heading in text
     assert "| condition | value |" in text and "| input tokens | 512 |" in text
     assert "| load level | concurrency 64, ramp_up_s 0.64 |" in text  # the default ramp: 10 ms per user
-    assert "| setting | changed | max_num_seqs | max_num_batched_tokens |" in text
+    assert "| setting | changed | KV capacity (tokens) |" in text  # the knobs the plan changes: in 'changed'
+    assert "Baseline: max_num_seqs 128, max_num_batched_tokens 2,048" in text
     assert "| KV capacity (tokens) |" in text and "| 500,000 |" in text and "| 60,000 |" in text
     assert "| metric | unit | baseline | value | delta | delta % | 95% CI of delta | significant |" in text
     assert re.search(r"\| TTFT p99 \| ms \| [\d.,]+ \| [\d.,]+ \| −[\d.,]+ \| −\d+\.\d% \| \[−.*\] \| indicative \|",
@@ -121,7 +122,7 @@ def test_runs_written_in_schema_1_still_load_for_the_report_beside_schema_2_ones
          tmp_path)
     assert [run.schema_version for run in load_results(tmp_path)] == [1, 2]
     text = {p.name: p for p in write_report(tmp_path)}["report.md"].read_text()
-    assert "## bs-32: block_size vLLM default → 32" in text and "| default |" in text
+    assert "## bs-32: block_size vLLM default → 32" in text and "| bs-32 | block_size vLLM default → 32 |" in text
 
 
 def test_what_if_mode_is_stated(tmp_path):

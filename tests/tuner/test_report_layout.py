@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -29,7 +30,20 @@ from PIL import Image, ImageStat
 from batchscope.tuner.compare.compute import compare
 from batchscope.tuner.compare.model import Comparison
 from batchscope.tuner.plan import Slos
-from batchscope.tuner.report.plots import deltas_figure, pareto_figure, scheduler_figure, throughput_preemptions_figure
+from batchscope.tuner.report.plots import (
+    BAR_METRICS,
+    EVIDENCE_COLOURS,
+    EVIDENCE_WORDS,
+    FAILING_SIDE,
+    FRONT,
+    MARKER_PX,
+    category,
+    deltas_figure,
+    pareto_figure,
+    scheduler_figure,
+    signals_figure,
+    throughput_preemptions_figure,
+)
 from batchscope.tuner.report.text import percent
 from tests.tuner.test_compare import make_run
 
@@ -66,11 +80,16 @@ window.addEventListener('load', () => {
     innerWidth: window.innerWidth,
     scrollWidth: document.documentElement.scrollWidth,
     headers: [...document.querySelectorAll('th')].map(th => ({text: th.textContent, broken: brokenWords(th)})),
+    settingsHeader: [...document.querySelectorAll('h2')].find(h => h.textContent === 'Settings')
+      .nextElementSibling.nextElementSibling.querySelector('thead').getBoundingClientRect().height,
     overflowing: [...document.querySelectorAll('div.wide')].filter(d => d.scrollWidth > d.clientWidth)
       .map(d => d.querySelector('th').textContent),
     marks: cells,
     plots: [...document.querySelectorAll('img.plot')].map(img => ({id: img.id, right: img.getBoundingClientRect().right,
+      top: img.getBoundingClientRect().top + window.scrollY, left: img.getBoundingClientRect().left,
+      width: img.getBoundingClientRect().width, height: img.getBoundingClientRect().height,
       loaded: img.complete && img.naturalWidth > 0})),
+    pageHeight: document.documentElement.scrollHeight,
   };
   const out = document.createElement('pre');
   out.id = 'FACTS_ID';
@@ -88,11 +107,11 @@ def chromium() -> str:
     return browser
 
 
-def run_chromium(page: Path, profile: Path, width: int, *action: str) -> str:
-    """One headless Chromium run on a file page at width x HEIGHT, with a fresh profile; its stdout."""
+def run_chromium(page: Path, profile: Path, width: int, *action: str, height: int = HEIGHT) -> str:
+    """One headless Chromium run on a file page at width x height, with a fresh profile; its stdout."""
     done = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                           f"--user-data-dir={profile}", f"--window-size={width},{HEIGHT}", "--hide-scrollbars",
+                           f"--user-data-dir={profile}", f"--window-size={width},{height}", "--hide-scrollbars",
                            *action, page.resolve().as_uri()],
                           check=True, timeout=120, capture_output=True, text=True)
     return done.stdout
@@ -123,13 +142,14 @@ def facts(request: pytest.FixtureRequest, report_page: Path, tmp_path_factory: p
 def test_the_page_does_not_scroll_sideways(facts):
     assert facts["innerWidth"] in WIDTHS
     assert facts["scrollWidth"] <= facts["innerWidth"]
+    assert facts["settingsHeader"] < 60  # no knob names set vertically (they took ~190 px)
     assert facts["plots"] and all(p["loaded"] and p["right"] <= facts["innerWidth"] for p in facts["plots"])
 
 
 @pytest.mark.e2e
 def test_no_header_wraps_inside_a_word(facts):
     headers = facts["headers"]
-    assert any(h["text"] == "max_num_batched_tokens" for h in headers)
+    assert any(h["text"] == "KV capacity (tokens)" for h in headers)
     assert [h["text"] for h in headers if h["broken"]] == []
 
 
@@ -160,6 +180,35 @@ def test_screenshots_show_the_page(report_page, tmp_path, width):
         assert ImageStat.Stat(grey).stddev[0] > 10  # text and tables, not one colour
         dark = sum(count for level, count in enumerate(grey.histogram()) if level < 128)
         assert dark > width * HEIGHT * 0.005
+
+
+def colour_count(image: Image.Image, colour: str) -> int:
+    """Pixels within 3 of a hex colour on every channel."""
+    want = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+    return int((np.abs(np.asarray(image.convert("RGB"), dtype=int) - want) <= 3).all(axis=2).sum())
+
+
+@pytest.mark.e2e
+def test_the_screenshot_shows_the_legends_colours_and_no_other(report_page, facts, tmp_path):
+    """The rendered page, shot whole: the change-vs-baseline plot holds the fills its legend lists and none it
+    does not; the Pareto plot shows the front in red and the failing side of the TTFT bound shaded."""
+    width = facts["innerWidth"]
+    shot = tmp_path / "page.png"
+    run_chromium(report_page, tmp_path / "profile", width, f"--screenshot={shot}", height=facts["pageHeight"])
+    comparison = Comparison.model_validate_json((report_page.parent / "comparison.json").read_text())
+    used = {category(v.metric(key)) for v in comparison.variations for key in BAR_METRICS}
+    plots = {p["id"]: p for p in facts["plots"]}
+    with Image.open(shot) as page:
+        def crop(plot_id: str) -> Image.Image:
+            p = plots[f"plot-{plot_id}"]
+            return page.crop((round(p["left"]) + 2, round(p["top"]) + 2, round(p["left"] + p["width"]) - 2,
+                              round(p["top"] + p["height"]) - 2))
+
+        deltas, pareto = crop("deltas"), crop("pareto")
+    for kind in ("significant", "indicative", "not significant"):
+        found = colour_count(deltas, EVIDENCE_COLOURS[kind])
+        assert (found > 200) == (kind in used), (kind, found, used)  # drawn exactly when the legend lists it
+    assert colour_count(pareto, FRONT) > 100 and colour_count(pareto, FAILING_SIDE) > 1000
 
 
 # --- plots ----------------------------------------------------------------------------------------------------
@@ -198,8 +247,8 @@ def panel(figure: Figure, title: str) -> Axes:
 
 
 def labels(figure: Figure, names: set[str]) -> list[Annotation]:
-    """The point labels of a scatter plot (a label may name several settings on one spot)."""
-    return [t for t in figure.axes[0].texts if isinstance(t, Annotation) and set(t.get_text().split(", ")) <= names]
+    """The point labels of a scatter plot: each starts with its setting's name (a failing one adds why)."""
+    return [t for t in figure.axes[0].texts if isinstance(t, Annotation) and t.get_text().split(" (")[0] in names]
 
 
 def distance(box: Bbox, point) -> float:
@@ -217,9 +266,8 @@ def test_point_labels_do_not_overlap_and_sit_by_their_point(request, case, draw)
     renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
     names = [s.setting for s in comparison.settings]
     found = labels(figure, set(names))
-    # every setting named once; crowded's outlier squeezes the rest onto one spot, where they share a label
-    assert sorted(n for label in found for n in label.get_text().split(", ")) == sorted(names)
-    assert case == "crowded" or len(found) == len(names)
+    # every setting named once, on its own label, however close the points
+    assert sorted(label.get_text().split(" (")[0] for label in found) == sorted(names)
     boxes = [label.get_window_extent(renderer) for label in found]
     for a, b in itertools.combinations(boxes, 2):
         assert not a.overlaps(b), (a, b)
@@ -228,6 +276,8 @@ def test_point_labels_do_not_overlap_and_sit_by_their_point(request, case, draw)
                for b in boxes)
     points = [tuple(figure.axes[0].transData.transform(label.xy)) for label in found]
     for label, box, own in zip(found, boxes, points, strict=True):  # nearer its own point than any other
+        if any(distance(Bbox.from_extents(*own, *own), other) < 2 * MARKER_PX for other in points if other != own):
+            continue  # markers on one spot: the label's leader line says which is its point
         assert all(distance(box, own) < distance(box, other) for other in points if other != own), label.get_text()
 
 
@@ -268,3 +318,69 @@ def test_tokens_per_step_and_queue_time_are_plotted_per_setting(crowded):
     assert queue_ms["mns-32"] == pytest.approx(900)  # ms
     # a setting whose server did not report the signal is marked, not drawn as zero
     assert any(t.get_text() == "n/a" for t in queue.texts)
+
+
+@pytest.fixture(scope="module")
+def tradeoff() -> Comparison:
+    """Two settings on the front, one dominated by the baseline, one past the TTFT bound (1 s)."""
+    runs = [make_run(ttft=0.5, tpot=0.020),
+            make_run("worse", ttft=0.6, tpot=0.025, params={"max_num_seqs": 64}),
+            make_run("fast-ttft", ttft=0.4, tpot=0.030, params={"max_num_batched_tokens": 8192}),
+            make_run("slow", ttft=2.0, tpot=0.010, params={"max_num_seqs": 8})]
+    return compare(runs, Slos(ttft_p99_s=1.0, tpot_p99_s=0.1), resamples=300)
+
+
+def test_only_non_dominated_points_are_the_front_and_a_failing_one_is_labelled_on_its_side(tradeoff):
+    assert tradeoff.verdicts.pareto_ttft_tpot == ["baseline", "fast-ttft", "slow"]
+    figure = pareto_figure(tradeoff)
+    figure.canvas.draw()
+    ax = figure.axes[0]
+    fills = {s.setting: tuple(col.get_facecolor()[0]) for s, col in zip(tradeoff.settings, ax.collections[:4],
+                                                                        strict=True)}
+    red = fills["baseline"]
+    assert fills["fast-ttft"] == fills["slow"] == red and fills["worse"] != red  # dominated: hollow
+    found = {label.get_text(): label for label in labels(figure, {s.setting for s in tradeoff.settings})}
+    assert set(found) == {"baseline", "worse", "fast-ttft", "slow (fails TTFT)"}
+    slo_x = ax.transData.transform((1000, 0))[0]
+    assert found["slow (fails TTFT)"].get_window_extent().x0 > slo_x  # on the failing side of the dashed line
+    assert all(found[n].get_window_extent().x1 < slo_x for n in ("baseline", "worse", "fast-ttft"))
+    # the TPOT axis fits the data (10-30 ms); the 100 ms bound is named in the legend, not drawn
+    assert ax.get_ylim()[1] < 100
+    assert any("above the plot, every point meets it" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_a_signal_at_zero_in_every_setting_is_left_out(close):
+    titles = [ax.get_title() for ax in signals_figure(close).axes]
+    assert "errors" not in titles and "preemptions" in titles  # close: no errors anywhere, gmu-0.25 preempts
+
+
+def pixel(image: Image.Image, figure: Figure, x: float, y: float) -> tuple[int, ...]:
+    """The PNG's colour at a display point of the figure (saved at its own dpi, not cropped)."""
+    return image.getpixel((round(x), round(image.height - y)))[:3]
+
+
+def test_each_legend_swatch_has_the_colour_of_the_bars_it_describes(crowded, tmp_path):
+    figure = deltas_figure(crowded)
+    figure.savefig(tmp_path / "deltas.png", dpi=figure.dpi)
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    legend = figure.legends[0]
+    kinds = {words: f"legend-{kind}" for kind, words in EVIDENCE_WORDS.items()}
+    swatches = {kinds[text.get_text()]: patch for text, patch in zip(legend.get_texts(), legend.legend_handles,
+                                                                     strict=True) if text.get_text() in kinds}
+    bars_by_kind: dict[str, list[Rectangle]] = {}
+    for ax, key in zip(figure.axes, BAR_METRICS, strict=True):
+        for rect, v in zip(bars(ax), crowded.variations, strict=True):
+            bars_by_kind.setdefault(f"legend-{category(v.metric(key))}", []).append(rect)
+    assert set(bars_by_kind) == set(swatches)  # every kind drawn is in the legend, and nothing else
+    with Image.open(tmp_path / "deltas.png") as image:
+        for gid, patch in swatches.items():
+            box = patch.get_window_extent(renderer)
+            swatch = pixel(image, figure, (box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2)
+            for rect in bars_by_kind[gid]:
+                box = rect.get_window_extent(renderer)
+                clipped = box.intersection(box, rect.axes.get_window_extent(renderer))
+                if clipped is None or clipped.height < 6 or rect.get_hatch():
+                    continue  # too thin (or hatched) to sample its fill
+                # a quarter across: clear of the CI whisker at the centre
+                inside = pixel(image, figure, clipped.x0 + clipped.width / 4, (clipped.y0 + clipped.y1) / 2)
+                assert inside == swatch, (gid, inside, swatch)

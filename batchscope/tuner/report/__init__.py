@@ -5,9 +5,9 @@ write_report is loaded when first asked for: it brings matplotlib and the statis
 
 from typing import TYPE_CHECKING, Any
 
+from batchscope.tuner.report.console import console_lines
 from batchscope.tuner.report.mlperf import scenario_dirs
 from batchscope.tuner.report.prediction import WHAT_IF_SUFFIX
-from batchscope.tuner.report.text import console_lines
 
 if TYPE_CHECKING:
     from batchscope.tuner.report.files import write_report

@@ -25,6 +25,7 @@ from batchscope.tuner.report.text import (
     METRIC_HEAD,
     QUEUED_TOKENS_HEAD,
     admission_rows,
+    baseline_line,
     changed_text,
     ci_line,
     conditions_rows,
@@ -115,7 +116,7 @@ def render_markdown(c: Comparison, scenarios: list[Block] | None = None) -> str:
            ci_line(c), "",
            "## Locked conditions", "", md_table(["condition", "value"], [list(r) for r in conditions_rows(c)]), "",
            f"SLOs: {slo_text(c.slos)}.", "",
-           "## Settings", "", md_table(settings_head(c), settings_rows(c)), "",
+           "## Settings", "", baseline_line(c), "", md_table(settings_head(c), settings_rows(c)), "",
            "## Verdicts", "", *[f"- {line}" for line in verdict_lines(c)], "",
            "## Goodput and admission rejections", "", md_table(ADMISSION_HEAD, admission_rows(c)), "",
            *[f"{line}\n" for line in queued_tokens_lines(c)]]
@@ -186,7 +187,7 @@ def render_html(c: Comparison, scenarios: list[Block] | None = None) -> str:
            f"<p>{markdown_bold(mode_line(c))}</p>", f"<p class='note'>{html.escape(ci_line(c))}</p>",
            "<h2>Locked conditions</h2>", html_table(["condition", "value"], [list(r) for r in conditions_rows(c)]),
            f"<p>SLOs: {html.escape(slo_text(c.slos))}.</p>",
-           "<h2>Settings</h2>",
+           "<h2>Settings</h2>", f"<p>{html.escape(baseline_line(c))}</p>",
            _settings_table(c),
            "<h2>Verdicts</h2>", "<ul>" + "".join(f"<li>{markdown_bold(x)}</li>" for x in verdict_lines(c)) + "</ul>",
            "<h2>Goodput and admission rejections</h2>", html_table(ADMISSION_HEAD, admission_rows(c)),
@@ -194,7 +195,8 @@ def render_html(c: Comparison, scenarios: list[Block] | None = None) -> str:
     if c.queued_tokens:
         out.append(html_table(QUEUED_TOKENS_HEAD, queued_tokens_rows(c)))
     out.append("<h2>Plots</h2>")
-    out += [html_figure(plot_id, caption, png(figure(c))) for plot_id, caption, figure in PLOTS]
+    drawn = ((plot_id, caption, draw(c)) for plot_id, caption, draw in PLOTS)
+    out += [html_figure(plot_id, caption, png(figure)) for plot_id, caption, figure in drawn if figure is not None]
     for v in c.variations:
         out += [f"<h2>{html.escape(v.setting)}: {html.escape(changed_text(c, v.setting))}</h2>",
                 f"<p class='explanation'><strong>Explanation:</strong> {html.escape(v.explanation)}</p>",

@@ -1,15 +1,20 @@
 """The report's plots, drawn with matplotlib's Agg backend and embedded in the HTML page as base64 PNG.
 
-PLOTS lists them in page order: (element id, caption, function of the Comparison returning the figure; `png`
-turns it into base64). Readability rules: a bar far beyond the others in its panel is clipped at the axis and
-labelled with its value, so the others keep their height; point labels are placed where they overlap no other
-label or point (measured with the renderer), joined to their point by a thin line when moved away from it.
+PLOTS lists them in page order: (element id, caption, function of the Comparison returning the figure, or None when
+it would be empty). One colour language (EVIDENCE_COLOURS), with a legend on every figure: dark grey is the
+baseline, a variation's fill says what its change vs the baseline shows. Readability rules: a panel whose values are
+all zero is left out; a bar far beyond the others in its panel is clipped at the axis and labelled with its value;
+scatter axes fit the data (log when it spans a decade), an SLO line is drawn when it lies near the data and its
+failing side shaded; each point has its own label, where it overlaps no other label or point and stays on its
+point's side of every SLO line (measured with the renderer), joined to it by a thin line when moved away.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import math
+from collections.abc import Callable
 
 import matplotlib
 
@@ -17,14 +22,12 @@ matplotlib.use("Agg")  # no display: render to PNG only (must precede pyplot's i
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.text import Annotation  # noqa: E402
 from matplotlib.transforms import Bbox, blended_transform_factory  # noqa: E402
 
-from batchscope.tuner.compare import (  # noqa: E402
-    METRIC_BY_KEY,  # noqa: E402
-    Comparison,
-    MetricDelta,
-)
+from batchscope.tuner.compare import METRIC_BY_KEY, Comparison, MetricDelta, SettingSummary  # noqa: E402
 from batchscope.tuner.plan import BASELINE  # noqa: E402
 from batchscope.tuner.report.text import display_unit, percent, shown  # noqa: E402
 
@@ -39,16 +42,27 @@ SCHEDULER_SIGNALS = (("tokens_per_step_mean", "tokens per step (mean)", "tokens"
 # where the rest's CI whiskers reach, if further), when that saves MIN_GAIN of the axis or more; at most half a
 # panel's bars are clipped; the axis spans at least MIN_SPAN_PCT.
 OUTLIER_RATIO, HEADROOM, MIN_SPAN_PCT, MIN_GAIN = 5.0, 1.25, 2.0, 0.5
-# Where a point's label may go, in points from the point, tried nearest first
 # A point's half-size on screen, px; a label farther from its point gets a line; the cost of a label as near
 # another point as its own (an overlap of this many px² weighs the same)
-MARKER_PX, LEADER_PX, AMBIGUOUS_PX2 = 6.0, 14.0, 100.0
+MARKER_PX, LEADER_PX, AMBIGUOUS_PX2 = 7.0, 14.0, 100.0
 # Behind a label: lines (the front, an SLO bound) pass under it, not through its letters
-LABEL_BOX = {"boxstyle": "round,pad=0.1", "facecolor": "white", "alpha": 0.8, "edgecolor": "none"}
-LABEL_OFFSETS = tuple((round(r * dx), round(r * dy)) for r in (7, 16, 28, 42)
+LABEL_BOX = {"boxstyle": "round,pad=0.1", "facecolor": "white", "alpha": 0.85, "edgecolor": "none"}
+# Where a point's label may go, in points from the point, tried nearest first
+LABEL_OFFSETS = tuple((round(r * dx), round(r * dy)) for r in (7, 16, 28, 42, 60)
                       for dx, dy in ((1, 0), (-1, 0), (1, 0.6), (1, -0.9), (-1, 0.6), (-1, -0.9), (0, 1.2), (0, -1.5)))
+# A scatter axis is logarithmic when its data span this factor or more; an SLO bound is drawn when showing it keeps
+# at least SLO_SHARE of the axis for the data (else the legend says where it lies)
+LOG_SPAN, SLO_SHARE = 10.0, 0.5
 
-SIGNIFICANT, NOT_SIGNIFICANT, BASE_COLOUR, FRONT = "#1f77b4", "#b0b0b0", "#555555", "#d62728"
+BASE_COLOUR, FRONT, FAILING_SIDE = "#555555", "#d62728", "#fbe3e1"
+# The colour language: a bar's or point's fill by what it is (the baseline) or what its change vs the baseline
+# shows (tuner.compare's evidence); "variation" is a value with no interval to judge it by
+EVIDENCE_COLOURS = {"baseline": BASE_COLOUR, "significant": "#1f77b4", "indicative": "#9ecae1",
+                    "not significant": "#d9d9d9", "variation": "#ffffff"}
+EVIDENCE_WORDS = {"baseline": "baseline", "significant": "significant (≥3 runs a side)",
+                  "indicative": "indicative (CI excludes 0, <3 runs)", "not significant": "not significant (CI has 0)",
+                  "variation": "no interval"}
+EDGE = "#333333"  # every bar and point is outlined, so a white fill still shows
 
 
 def png(figure: Figure) -> str:
@@ -59,42 +73,76 @@ def png(figure: Figure) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def category(m: MetricDelta | None) -> str:
+    """A variation's colour category for one metric (EVIDENCE_COLOURS): its evidence, 'variation' without one."""
+    if m is None or m.evidence == "n/a":
+        return "variation"
+    return "not significant" if m.evidence == "no spread" else m.evidence
+
+
+def evidence_legend(figure: Figure, used: set[str], extra: tuple[Patch, ...] = ()) -> None:
+    """The figure's legend of the colour categories it uses (in EVIDENCE_COLOURS' order) across its top, and the
+    panels laid out below it."""
+    handles = [Patch(facecolor=EVIDENCE_COLOURS[k], edgecolor=EDGE, label=EVIDENCE_WORDS[k], gid=f"legend-{k}")
+               for k in EVIDENCE_COLOURS if k in used]
+    handles += list(extra)
+    if not handles:
+        figure.tight_layout()
+        return
+    columns = min(len(handles), max(2, int(figure.get_figwidth() // 2.6)))
+    figure.legend(handles=handles, loc="upper center", ncol=columns, fontsize=8, frameon=False,
+                  bbox_to_anchor=(0.5, 1.0))
+    rows = -(-len(handles) // columns)
+    figure.tight_layout(rect=(0, 0, 1, 1 - (0.1 + 0.2 * rows) / figure.get_figheight()))
+
+
+def finished(c: Comparison) -> list[SettingSummary]:
+    return [s for s in c.settings if s.runs_ok]
+
+
 def deltas_figure(c: Comparison) -> Figure:
-    """One panel per metric: each variation's change vs the baseline, %, with the 95% CI as error bars."""
-    figure, axes = plt.subplots(len(BAR_METRICS) // 2, 2, figsize=(11, 2.6 * (len(BAR_METRICS) // 2)),
-                                squeeze=False)
+    """One panel per metric: each variation's change vs the baseline, %, with the 95% CI as error bars, filled by
+    what the change shows."""
+    rows = len(BAR_METRICS) // 2
+    figure, axes = plt.subplots(rows, 2, figsize=(11, 2.5 * rows), squeeze=False)
     # settings without a finished run have nothing to draw (they are listed under failed runs)
     drawn = [v for v in c.variations if c.setting(v.setting).runs_ok]
     names = [v.setting for v in drawn]
     base_values = c.setting(BASELINE).values if any(s.setting == BASELINE for s in c.settings) else {}
+    used: set[str] = set()
+    clipped = False
     for ax, key in zip(axes.flat, BAR_METRICS, strict=True):
         metric = METRIC_BY_KEY[key]
         if names:
-            delta_bars(ax, names, [v.metric(key) for v in drawn])
+            deltas = [v.metric(key) for v in drawn]
+            used.update(category(m) for m in deltas)
+            clipped |= delta_bars(ax, names, deltas)
         else:
             ax.text(0.5, 0.5, "no variations", ha="center", va="center", transform=ax.transAxes)
         ax.axhline(0, color=BASE_COLOUR, linewidth=0.8)
         ax.set_title(f"{metric.label} (baseline {shown(base_values.get(key), metric.unit)} "
                      f"{display_unit(metric.unit)})", fontsize=10)
-        ax.set_ylabel("change vs baseline (%)")
-        ax.set_xlabel("setting")
-        ax.tick_params(axis="x", labelrotation=20, labelsize=8)
-    figure.suptitle("Change vs baseline with 95% CI (blue: significant, grey: not; hatched: off scale)", fontsize=11)
-    figure.tight_layout()
+        ax.set_ylabel("change vs baseline (%)", fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+    hatch = (Patch(facecolor="white", edgecolor=EDGE, hatch="//", label="off scale: value printed"),) if clipped \
+        else ()
+    evidence_legend(figure, used, hatch)
     return figure
 
 
-def delta_bars(ax: Axes, names: list[str], deltas: list[MetricDelta]) -> None:
-    """One panel's bars: relative change in %, CI whiskers; bars far beyond the rest clipped and labelled."""
+def delta_bars(ax: Axes, names: list[str], deltas: list[MetricDelta]) -> bool:
+    """One panel's bars: relative change in %, CI whiskers; bars far beyond the rest clipped and labelled (True
+    when any was)."""
     heights = [(m.relative or 0.0) * 100 for m in deltas]
     spans = [ci_span(m) or (h, h) for m, h in zip(deltas, heights, strict=True)]
     low = [h - lo for h, (lo, _) in zip(heights, spans, strict=True)]
     high = [hi - h for h, (_, hi) in zip(heights, spans, strict=True)]
-    colours = [SIGNIFICANT if m.significant else NOT_SIGNIFICANT for m in deltas]
-    rects = ax.bar(names, heights, yerr=[low, high], color=colours, capsize=4, ecolor="black")
+    colours = [EVIDENCE_COLOURS[category(m)] for m in deltas]
+    rects = ax.bar(names, heights, yerr=[low, high], color=colours, edgecolor=EDGE, linewidth=0.6, capsize=4,
+                   ecolor="black")
     axis = clipped_axis(heights, spans)
     if axis is None:
-        return
+        return False
     ax.set_ylim(*axis)
     clipped = [i for i, h in enumerate(heights) if not axis[0] <= h <= axis[1]]
     edge = blended_transform_factory(ax.transData, ax.transAxes)  # x at the bar, y at the axis' edge
@@ -104,6 +152,7 @@ def delta_bars(ax: Axes, names: list[str], deltas: list[MetricDelta]) -> None:
         ax.text(i, 0.96 if up else 0.04, f"{percent(deltas[i].relative)} {'↑' if up else '↓'}", transform=edge,
                 ha="center", va="top" if up else "bottom", fontsize=8, fontweight="bold",
                 bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": BASE_COLOUR})
+    return bool(clipped)
 
 
 def ci_span(m: MetricDelta) -> tuple[float, float] | None:
@@ -146,121 +195,220 @@ def clip_limit(heights: list[float]) -> float | None:
     return None if best is None else best[1]
 
 
-def setting_bars(ax: Axes, c: Comparison, values: list[float | None], title: str, unit: str) -> None:
+def setting_category(c: Comparison, setting: str, key: str | None) -> str:
+    """A per-setting value's colour category: the baseline, else the evidence of the metric's delta (None: a
+    signal with no delta, 'variation')."""
+    if setting == BASELINE:
+        return "baseline"
+    return category(c.variation(setting).metric(key) if key else None)
+
+
+def setting_bars(ax: Axes, names: list[str], values: list[float | None], categories: list[str], title: str,
+                 unit: str) -> None:
     """One panel of a value per finished setting; a setting without the value is marked n/a, not drawn as 0."""
-    names = [s.setting for s in c.settings if s.runs_ok]
     heights = [0.0 if v is None else v for v in values]
-    ax.bar(names, heights, color=[BASE_COLOUR if n == BASELINE else SIGNIFICANT for n in names])
-    ax.set_ylim(bottom=0, top=max([*heights, 1]) * 1.1)  # all-zero bars: an axis from 0, not ±0.04
+    ax.bar(names, heights, color=[EVIDENCE_COLOURS[k] for k in categories], edgecolor=EDGE, linewidth=0.6)
+    ax.set_ylim(bottom=0, top=max([*heights, 1]) * 1.1)
     for i, value in enumerate(values):
         if value is None:
             ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=8, color=BASE_COLOUR)
     ax.set_title(title, fontsize=10)
     ax.set_ylabel(unit)  # the title names the quantity
-    ax.set_xlabel("setting")
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
 
 
-def signals_figure(c: Comparison) -> Figure:
+# One panel of per-setting values: (title, display unit, the values, the metric key whose delta colours them)
+Panel = tuple[str, str, list[float | None], str | None]
+
+
+def panels_figure(c: Comparison, panels: list[Panel], width_per_panel: float) -> Figure | None:
+    """Per-setting bar panels, the all-zero (or all-missing) ones left out; None when none is left."""
+    kept = [p for p in panels if any(v for v in p[2])]
+    if not kept:
+        return None
+    names = [s.setting for s in finished(c)]
+    figure, axes = plt.subplots(1, len(kept), figsize=(max(4.5, width_per_panel * len(kept)), 3.4), squeeze=False)
+    used: set[str] = set()
+    for ax, (title, unit, values, key) in zip(axes.flat, kept, strict=True):
+        categories = [setting_category(c, n, key) for n in names]
+        used.update(categories)
+        setting_bars(ax, names, values, categories, title, unit)
+    evidence_legend(figure, used)
+    return figure
+
+
+def signals_figure(c: Comparison) -> Figure | None:
     """Server-side signals per setting (values, not deltas): preemptions, max waiting, KV peak, errors."""
-    figure, axes = plt.subplots(1, len(SIGNAL_METRICS), figsize=(13, 3.4), squeeze=False)
-    settings = [s for s in c.settings if s.runs_ok]
-    for ax, key in zip(axes.flat, SIGNAL_METRICS, strict=True):
+    panels: list[Panel] = []
+    for key in SIGNAL_METRICS:
         metric = METRIC_BY_KEY[key]
         scale = 100 if metric.unit == "ratio" else 1
-        values = [None if (v := s.values.get(key)) is None else v * scale for s in settings]
-        setting_bars(ax, c, values, metric.label, display_unit(metric.unit))
-    figure.tight_layout()
-    return figure
+        values = [None if (v := s.values.get(key)) is None else v * scale for s in finished(c)]
+        panels.append((metric.label, display_unit(metric.unit), values, key))
+    return panels_figure(c, panels, 3.3)
 
 
-def scheduler_figure(c: Comparison) -> Figure:
+def scheduler_figure(c: Comparison) -> Figure | None:
     """The scheduler's side per setting: mean tokens per engine step and mean time requests waited in the queue
     (vLLM's iteration_tokens_total and request_queue_time_seconds), the signals the explanations cite."""
-    figure, axes = plt.subplots(1, len(SCHEDULER_SIGNALS), figsize=(9, 3.4), squeeze=False)
-    settings = [s for s in c.settings if s.runs_ok]
-    for ax, (key, title, unit, scale) in zip(axes.flat, SCHEDULER_SIGNALS, strict=True):
-        values = [None if (v := s.signals.get(key)) is None else v * scale for s in settings]
-        setting_bars(ax, c, values, title, unit)
-    figure.tight_layout()
-    return figure
+    panels: list[Panel] = [(title, unit, [None if (v := s.signals.get(key)) is None else v * scale
+                                          for s in finished(c)], None)
+                           for key, title, unit, scale in SCHEDULER_SIGNALS]
+    return panels_figure(c, panels, 4.5)
+
+
+def fit_axis(ax: Axes, axis: str, values: list[float], bound: float | None) -> bool:
+    """Fit one scatter axis to the data (log when it spans LOG_SPAN, a margin for labels either side), stretched to
+    an SLO bound only when the data keep SLO_SHARE of it; True when the bound is on the axis."""
+    lo, hi = min(values), max(values)
+    log = lo > 0 and hi / lo >= LOG_SPAN
+    scale: Callable[[float], float] = math.log10 if log else (lambda v: v)
+    if log:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    shown_bound = bound is not None and (not log or bound > 0) and (
+        hi == lo or (scale(hi) - scale(lo)) / (scale(max(hi, bound)) - scale(min(lo, bound))) >= SLO_SHARE)
+    if shown_bound and bound is not None:
+        lo, hi = min(lo, bound), max(hi, bound)
+    low, high = scale(lo), scale(hi)
+    pad = (high - low) * 0.15 or (0.3 if log else max(abs(low) * 0.2, 1.0))
+    limits = (low - pad, high + pad)
+    if log:
+        limits = (10 ** limits[0], 10 ** limits[1])
+    elif lo >= 0:
+        limits = (max(limits[0], -pad * 0.5), limits[1])  # a count or latency axis barely dips below 0
+    (ax.set_xlim if axis == "x" else ax.set_ylim)(*limits)
+    return shown_bound
+
+
+def slo_failures(c: Comparison, ttft: float, tpot: float) -> list[str]:
+    """The SLO bounds a point is past ('TTFT', 'TPOT')."""
+    return [name for name, value, bound in (("TTFT", ttft, c.slos.ttft_p99_s), ("TPOT", tpot, c.slos.tpot_p99_s))
+            if bound is not None and value > bound]
+
+
+def slo_line(ax: Axes, axis: str, bound_ms: float, on_axis: bool, lows: bool) -> Line2D:
+    """An SLO bound: a dashed line with its failing side shaded when on the axis, else a legend entry saying where
+    it lies (lows: every point is below it)."""
+    name = "TTFT" if axis == "x" else "TPOT"
+    if on_axis:
+        line = ax.axvline if axis == "x" else ax.axhline
+        span = ax.axvspan if axis == "x" else ax.axhspan
+        far = ax.get_xlim()[1] if axis == "x" else ax.get_ylim()[1]
+        span(bound_ms, far, color=FAILING_SIDE, zorder=0)
+        line(bound_ms, color=BASE_COLOUR, linestyle="--", linewidth=1)
+        return Line2D([], [], color=BASE_COLOUR, linestyle="--",
+                      label=f"{name} p99 SLO {bound_ms:,.0f} ms (shaded: fails)")
+    where = ("right of" if axis == "x" else "above") if lows else ("left of" if axis == "x" else "below")
+    verdict = "every point meets it" if lows else "every point fails it"
+    return Line2D([], [], color="none", label=f"{name} p99 SLO {bound_ms:,.0f} ms: {where} the plot, {verdict}")
 
 
 def pareto_figure(c: Comparison) -> Figure:
-    """TTFT p99 against TPOT p99 per setting, the Pareto front joined and highlighted, SLO bounds dashed."""
-    figure, ax = plt.subplots(figsize=(7, 5))
+    """TTFT p99 against TPOT p99 per setting: the Pareto front (no other setting lower on both) filled red and
+    joined as a staircase, the rest hollow; a setting past an SLO drawn as ✕ and labelled so."""
+    figure, ax = plt.subplots(figsize=(8, 5.2))
     points = {s.setting: (ttft * 1000, tpot * 1000) for s in c.settings
               if (ttft := s.values.get("ttft_p99")) is not None and (tpot := s.values.get("tpot_p99")) is not None}
+    if not points:
+        ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
+        return figure
     front = [n for n in c.verdicts.pareto_ttft_tpot if n in points]
+    failing = {n: slo_failures(c, x / 1000, y / 1000) for n, (x, y) in points.items()}
+    handles: list[Line2D] = []
+    walls: list[tuple[str, float]] = []
+    for axis, bound_s, index in (("x", c.slos.ttft_p99_s, 0), ("y", c.slos.tpot_p99_s, 1)):
+        values = [p[index] for p in points.values()]
+        bound = None if bound_s is None else bound_s * 1000
+        on_axis = fit_axis(ax, axis, values, bound)
+        if bound is not None:
+            handles.append(slo_line(ax, axis, bound, on_axis, max(values) <= bound))
+            if on_axis:
+                walls.append((axis, bound))
     for name, (x, y) in points.items():
-        on_front = name in front
-        ax.scatter(x, y, s=80 if on_front else 40, color=FRONT if on_front else NOT_SIGNIFICANT,
-                   edgecolor="black", zorder=3)
-    if front:
+        ax.scatter(x, y, s=90 if failing[name] else 70, marker="X" if failing[name] else "o",
+                   facecolor=FRONT if name in front else "white", edgecolor=EDGE, linewidth=1, zorder=3)
+    if len(front) > 1:
         xs, ys = zip(*sorted(points[n] for n in front), strict=True)
-        ax.plot(xs, ys, color=FRONT, linewidth=1.5, label="Pareto front", zorder=2)
-    if c.slos.ttft_p99_s:
-        ax.axvline(c.slos.ttft_p99_s * 1000, color=BASE_COLOUR, linestyle="--", label="SLO TTFT p99")
-    if c.slos.tpot_p99_s:
-        ax.axhline(c.slos.tpot_p99_s * 1000, color=BASE_COLOUR, linestyle=":", label="SLO TPOT p99")
-    if not points:
-        ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("TTFT p99 (ms)")
-    ax.set_ylabel("TPOT p99 (ms)")
-    ax.set_title("TTFT p99 vs TPOT p99 (lower-left is better)")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside the axes: clear of the labels
+        ax.step(xs, ys, where="post", color=FRONT, linewidth=1, alpha=0.7, zorder=2)
+    handles = [*scatter_handles(bool(front), len(front) < len(points), any(failing.values())), *handles]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8, frameon=False)
+    ax.set_xlabel(f"TTFT p99 (ms{', log scale' if ax.get_xscale() == 'log' else ''})")
+    ax.set_ylabel(f"TPOT p99 (ms{', log scale' if ax.get_yscale() == 'log' else ''})")
+    ax.set_title("TTFT p99 vs TPOT p99 (lower-left is better)", fontsize=11)
     ax.grid(alpha=0.3)
-    label_points(ax, points)
+    figure.tight_layout()
+    names = {n: n + (f" (fails {' & '.join(failing[n])})" if failing[n] else "") for n in points}
+    label_points(ax, {names[n]: p for n, p in points.items()}, walls)
     return figure
 
 
-def throughput_preemptions_figure(c: Comparison) -> Figure:
-    """Completion throughput against preemptions per setting: does throughput fall where preemption rises?"""
-    figure, ax = plt.subplots(figsize=(7, 5))
-    points = {}
-    for s in c.settings:
-        x, y = s.values.get("preemptions"), s.values.get("completion_throughput_rps")
-        if x is None or y is None:
-            continue
-        points[s.setting] = (x, y)
-        ax.scatter(x, y, s=60, color=BASE_COLOUR if s.setting == BASELINE else SIGNIFICANT, edgecolor="black")
-    if not points:
-        ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("preemptions in the window (count)")
+def scatter_handles(front: bool, dominated: bool, failing: bool) -> list[Line2D]:
+    """The Pareto plot's marker legend, the kinds it shows only."""
+    out = []
+    if front:
+        out.append(Line2D([], [], marker="o", color=FRONT, markerfacecolor=FRONT, markeredgecolor=EDGE,
+                          label="Pareto front: no setting lower on both"))
+    if dominated:
+        out.append(Line2D([], [], marker="o", linestyle="none", markerfacecolor="white", markeredgecolor=EDGE,
+                          label="dominated: another is lower on both"))
+    if failing:
+        out.append(Line2D([], [], marker="X", linestyle="none", markerfacecolor="white", markeredgecolor=EDGE,
+                          label="fails an SLO (its label says which)"))
+    return out
+
+
+def throughput_preemptions_figure(c: Comparison) -> Figure | None:
+    """Completion throughput against preemptions per setting: does throughput fall where preemption rises? None
+    when no setting preempted (every point on one vertical line says nothing)."""
+    points = {s.setting: (x, y) for s in c.settings if (x := s.values.get("preemptions")) is not None
+              and (y := s.values.get("completion_throughput_rps")) is not None}
+    if not any(x for x, _ in points.values()):
+        return None
+    figure, ax = plt.subplots(figsize=(7.5, 4.4))
+    used = set()
+    for name, (x, y) in points.items():
+        kind = setting_category(c, name, "completion_throughput_rps")
+        used.add(kind)
+        ax.scatter(x, y, s=70, color=EVIDENCE_COLOURS[kind], edgecolor=EDGE, zorder=3)
+    fit_axis(ax, "x", [x for x, _ in points.values()], None)
+    fit_axis(ax, "y", [y for _, y in points.values()], None)
+    ax.set_xlabel(f"preemptions in the window (count{', log scale' if ax.get_xscale() == 'log' else ''})")
     ax.set_ylabel("completion throughput (req/s)")
-    ax.set_title("Throughput vs preemptions")
+    ax.set_title("Throughput vs preemptions (fill: the throughput change's evidence)", fontsize=11)
     ax.grid(alpha=0.3)
-    label_points(ax, points)
+    handles = [Patch(facecolor=EVIDENCE_COLOURS[k], edgecolor=EDGE, label=EVIDENCE_WORDS[k], gid=f"legend-{k}")
+               for k in EVIDENCE_COLOURS if k in used]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, fontsize=8, frameon=False)
+    figure.tight_layout()
+    label_points(ax, points, [])
     return figure
 
 
-def label_points(ax: Axes, points: dict[str, tuple[float, float]]) -> None:
+def label_points(ax: Axes, points: dict[str, tuple[float, float]], walls: list[tuple[str, float]]) -> None:
     """Name each point at the nearest spot in LABEL_OFFSETS where its label overlaps no other label or point,
-    stays inside the axes and is nearer its own point than any other (else the spot that breaks these least);
-    settings whose markers overlap on screen share one label. Call last: it fixes the axes' limits the placement
-    was measured against."""
-    ax.margins(0.15)  # room for labels beside the outermost points
+    stays inside the axes and on its point's side of every wall (an SLO line: ('x' or 'y', data value)), and is
+    nearer its own point than any other (else the spot that breaks these least). Call last: it fixes the axes'
+    limits the placement was measured against."""
     ax.set_xlim(ax.get_xlim())
     ax.set_ylim(ax.get_ylim())
     renderer = ax.figure.canvas.get_renderer()  # type: ignore[attr-defined]
     frame = ax.get_window_extent(renderer)
-    spots: dict[tuple[float, float], list[str]] = {}  # markers that overlap on screen share one label
+    centres = {name: tuple(ax.transData.transform(point)) for name, point in points.items()}
+    screen_walls = [(axis, ax.transData.transform((value, value))[0 if axis == "x" else 1]) for axis, value in walls]
+    taken = [marker_box(centre) for centre in centres.values()]
     for name, point in points.items():
-        screen = ax.transData.transform(point)
-        near = next((s for s in spots if abs(ax.transData.transform(s) - screen).max() < 2 * MARKER_PX), point)
-        spots.setdefault(near, []).append(name)
-    centres = [tuple(ax.transData.transform(spot)) for spot in spots]
-    taken = [marker_box(centre) for centre in centres]
-    for (x, y), names, centre in zip(spots, spots.values(), centres, strict=True):
-        others = [c for c in centres if c != centre]
+        centre = centres[name]
+        others = [c for n, c in centres.items() if n != name]
         placed: list[tuple[float, Annotation]] = []
         for dx, dy in LABEL_OFFSETS:
-            label = ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=9,
+            label = ax.annotate(name, point, textcoords="offset points", xytext=(dx, dy), fontsize=9,
                                 ha="left" if dx > 0 else "right" if dx < 0 else "center",
-                                va="bottom" if dy > 0 else "top" if dy < 0 else "center", bbox=LABEL_BOX)
-            placed.append((label_cost(label.get_window_extent(renderer), centre, others, taken, frame), label))
-            if placed[-1][0] == 0:
+                                va="bottom" if dy > 0 else "top" if dy < 0 else "center", bbox=LABEL_BOX, zorder=4)
+            box = label.get_window_extent(renderer)
+            cost = label_cost(box, centre, others, taken, frame) \
+                + frame.width * frame.height * crosses(box, centre, screen_walls)
+            placed.append((cost, label))
+            if cost == 0:
                 break
         chosen = min(placed, key=lambda entry: entry[0])[1]
         for _, label in placed:
@@ -268,7 +416,16 @@ def label_points(ax: Axes, points: dict[str, tuple[float, float]]) -> None:
                 label.remove()
         box = chosen.get_window_extent(renderer)
         taken.append(box)
-        leader_to(ax, (x, y), box)
+        leader_to(ax, point, box)
+
+
+def crosses(box: Bbox, centre: tuple[float, float], walls: list[tuple[str, float]]) -> bool:
+    """Whether a label box reaches across a wall (screen x or y) from its point's side."""
+    for axis, at in walls:
+        low, high, own = (box.x0, box.x1, centre[0]) if axis == "x" else (box.y0, box.y1, centre[1])
+        if (own <= at < high) or (low < at <= own):
+            return True
+    return False
 
 
 def label_cost(box: Bbox, centre: tuple[float, float], others: list[tuple[float, float]], taken: list[Bbox],
@@ -308,11 +465,11 @@ def overlap(a: Bbox, b: Bbox) -> float:
     return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
 
 
-PLOTS = (
+PLOTS: tuple[tuple[str, str, Callable[[Comparison], Figure | None]], ...] = (
     ("deltas", "Change vs baseline per metric, with 95% CI (a bar far beyond the rest is clipped, its value "
      "printed at the edge)", deltas_figure),
-    ("signals", "Server signals per setting", signals_figure),
+    ("signals", "Server signals per setting (a signal at zero in every setting is left out)", signals_figure),
     ("scheduler", "Tokens per engine step and queue time per setting", scheduler_figure),
-    ("pareto", "TTFT p99 vs TPOT p99 with the Pareto front", pareto_figure),
+    ("pareto", "TTFT p99 vs TPOT p99 with the Pareto front and the SLOs", pareto_figure),
     ("throughput-preemptions", "Completion throughput vs preemptions", throughput_preemptions_figure),
 )

@@ -34,7 +34,9 @@ def recommendation_lines(c: Comparison) -> list[str]:
     r = c.verdicts.recommendation
     if r is None:
         return []
-    one_repeat = " One repeat per setting: the evidence is indicative only." if c.ci_basis == "requests" else ""
+    one_repeat = (f" With fewer than {c.min_repeats} runs per setting no difference is called significant (the "
+                  f"intervals within a run ignore run-to-run variance): repeats: {c.min_repeats} for that."
+                  if c.ci_basis == "requests" else "")
     if r.setting is None:
         return _none_met(c, r, one_repeat)
     pick = c.setting(r.setting)

@@ -108,9 +108,23 @@ def changed_text(c: Comparison, setting: str) -> str:
 
 
 def shown_knobs(c: Comparison) -> list[str]:
-    """The knobs the settings table has a column for: those some setting sets or the server reported choosing (a
-    column of 'default' alone says nothing, and eleven knobs overflow a page)."""
-    return [name for name in TUNABLE if any(knob_cell(s, name) != "default" for s in c.settings)]
+    """The knobs the settings table has a column for: those whose value differs between settings though no
+    setting set them (the server chose differently). A knob the plan changes is in the 'changed' column, one the
+    same everywhere in baseline_line: a column of one value says nothing and set vertically took ~190 px."""
+    set_by_plan = {p.name for v in c.variations for p in v.changed}
+    return [name for name in TUNABLE if name not in set_by_plan
+            and len({knob_cell(s, name) for s in c.settings}) > 1]
+
+
+def baseline_line(c: Comparison) -> str:
+    """The baseline's knobs (those it sets or the server reported choosing), which every variation keeps but for
+    its 'changed' column."""
+    if not any(s.setting == BASELINE for s in c.settings):
+        return ""
+    base = c.setting(BASELINE)
+    knobs = [f"{name} {cell}" for name in TUNABLE if name not in shown_knobs(c)
+             and (cell := knob_cell(base, name)) != "default"]
+    return f"Baseline: {', '.join(knobs)}; each variation keeps these but for its 'changed' column."
 
 
 def settings_head(c: Comparison) -> list[str]:
@@ -210,11 +224,3 @@ QUEUED_TOKENS_HEAD = ["setting", "TTFT target (s)", "prefill throughput (tokens/
 def queued_tokens_rows(c: Comparison) -> list[list[str]]:
     return [[q.setting, f"{q.ttft_target_s:g}", f"{q.prefill_tokens_per_s:,.0f}", q.source,
              f"{q.max_num_queued_tokens:,}"] for q in c.queued_tokens]
-
-
-def console_lines(c: Comparison) -> list[str]:
-    """What `batchscope tune` and `batchscope report` print after the files: each setting's goodput, rejections
-    and TTFT p99, and the suggested max_num_queued_tokens with its inputs."""
-    lines = [f"{row[0]}: goodput {row[1]} req/s, rejected {row[3]} ({row[4]}%), TTFT p99 {row[6]} ms, meets SLOs "
-             f"{row[7]}" for row in admission_rows(c)]
-    return [*lines, queued_tokens_lines(c)[0].replace("**", "")]
