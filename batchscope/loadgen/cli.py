@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from batchscope.inputs import exits
-from batchscope.loadgen.adapter.serving_knobs import command_line
+from batchscope.loadgen.adapter import command_line
 from batchscope.loadgen.checks import BadInput, check_host, check_out_dir, check_port, check_run_id
 from batchscope.loadgen.figures import DEFAULT_METRICS_PORT
 from batchscope.loadgen.spec import SpecError, WorkloadSpec, load_spec
