@@ -67,8 +67,46 @@ def test_rejections_back_off_doubling_up_to_the_cap_and_reset_on_anything_else(m
     load._note_refusal(RequestRecord(request_id="y", worker=0, scheduled_s=0.0, outcome="ok"))
     load._note_refusal(rejected_record())
     assert load.pause_after(rejected_record()) == pytest.approx(0.1)  # the streak starts over
-    assert load.pause_after(RequestRecord(request_id="z", worker=0, scheduled_s=0.0,
-                                          outcome="connection_error")) == sender_module.RECONNECT_DELAY_S
+
+
+def refused_connection() -> RequestRecord:
+    return RequestRecord(request_id="c", worker=0, scheduled_s=0.0, outcome="connection_error")
+
+
+def test_a_user_backs_off_a_server_away_doubling_with_jitter_to_the_cap_and_resumes_once_answered(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(sender_module.time, "time", lambda: now[0])
+    monkeypatch.setattr(sender_module.random, "uniform", lambda low, high: high)  # the longest draw
+    load = sender("load.mode=concurrency", "load.concurrency=1")
+    waits = []
+    for _ in range(6):
+        waits.append(load.pause_after(refused_connection()))
+        now[0] += waits[-1]
+    assert waits == pytest.approx([1.0, 2.0, 4.0, 4.0, 4.0, 4.0])
+    answered = RequestRecord(request_id="a", worker=0, scheduled_s=now[0], sent_s=now[0], status=200, outcome="ok")
+    assert load.pause_after(answered) == 0.0
+    assert load.pause_after(refused_connection()) == pytest.approx(1.0)  # the streak starts over
+    monkeypatch.setattr(sender_module.random, "uniform", lambda low, high: low)
+    assert [sender_module.away_wait(n) for n in (1, 2, 3, 4)] == pytest.approx([0.5, 1.0, 2.0, 2.0])
+
+
+def test_an_open_loop_sends_no_arrival_into_a_server_away_but_one_probe_per_wait(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(sender_module.time, "time", lambda: now[0])
+    monkeypatch.setattr(sender_module.random, "uniform", lambda low, high: high)
+    load = sender("load.mode=poisson", "load.rate=10")
+    old = RequestRecord(request_id="o", worker=0, scheduled_s=990.0, sent_s=990.0, status=200, outcome="ok")
+    load.schedule_away.note(refused_connection())
+    load.schedule_away.note(refused_connection())  # in flight when the first failed: the same round
+    load.schedule_away.note(old)  # sent before the failures began: no sign of the server's return
+    assert load.schedule_away.streak == 1
+    assert load.not_sent_because(1000.5, full=False) == "server_away"
+    assert load.not_sent_because(1001.0, full=False) is None  # the wait is over: a probe goes
+    load._probe = load.new_record(1001.0)
+    assert load.not_sent_because(1001.1, full=False) == "server_away"  # none beside the probe in flight
+    load._probe.status, load._probe.sent_s = 200, 1001.0  # answered, still streaming
+    assert load.not_sent_because(1001.2, full=False) is None and load.schedule_away.streak == 0
+    assert load.not_sent_because(1001.2, full=True) == "in_flight_cap"
 
 
 def throttled_record(status: int, retry_after_s: float | None) -> RequestRecord:
@@ -113,10 +151,11 @@ def test_a_report_is_a_delta_of_records_and_cumulative_counts_and_survives_the_w
     load = sender("load.mode=poisson", "load.rate=5")
     load._outbox.append(RequestRecord(request_id="a", worker=0, scheduled_s=1.0, itl_s=[0.1, 0.2], outcome="ok"))
     load.started, load.refused, load._refused_s = 3, 1, [2.5]
+    load.not_sent["server_away"] = 1
     first = load.report()
     assert [r.request_id for r in first.records] == ["a"] and first.refused_s == [2.5] and not first.final
     again = load.report(final=True)
     assert again.records == [] and again.refused_s == [] and (again.started, again.refused) == (3, 1)
     assert again.final
     back = SenderReport.from_wire(first.to_wire())
-    assert back == first and back.records[0].itl_s == [0.1, 0.2]
+    assert back == first and back.records[0].itl_s == [0.1, 0.2] and back.not_sent["server_away"] == 1

@@ -15,6 +15,7 @@ from array import array
 
 import numpy as np
 
+from batchscope.loadgen.figures.away import AwayTracker
 from batchscope.loadgen.figures.sketch import GapPool, GapSketch
 from batchscope.loadgen.figures.window import MeasurementWindow
 from batchscope.loadgen.stream import OUTCOMES, RequestRecord, refused_by_server
@@ -45,9 +46,11 @@ class RunFigures:
         self.finished = 0  # requests that ended in anything but 'aborted', whole run
         self.rejections: dict[int, int] = {}  # finished requests per refusing status (a non-retryable 4xx, 429, 503)
         self.rejection_detail: dict[int, str] = {}  # the first such answer's text, per status
+        self.away = AwayTracker()  # when the server was away (away.py)
 
     def add(self, record: RequestRecord, window: MeasurementWindow) -> None:
         self._add_run_wide(record)
+        self.away.add(record, window.holds(record))
         if window.start_s <= record.scheduled_s < window.end_s:
             self.scheduled_in_window += 1
         self.output_tokens += tokens_in(record, window)

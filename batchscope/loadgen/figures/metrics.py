@@ -70,6 +70,9 @@ class ClientStats:
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.started = 0
         self.refused = 0
+        self.not_sent: dict[str, int] = {}  # the refused arrivals by reason (run/sender.py's NOT_SENT)
+        self.away_s = 0.0  # seconds the server was away so far (figures/away.py), as of the latest scrape's refresh
+        self.away_now = False
         self.prompt_tokens = 0
         self.output_tokens = 0
         self.admission_rejections = dict.fromkeys(ADMISSION_REJECTION_REASONS, 0)  # rejected_busy by reason
@@ -133,9 +136,7 @@ class ClientMetricsCollector(Collector):
         yield from _admission(stats, names, labels)
         yield _counter("batchscope_client_requests_started", "Requests started (sent or about to be sent).",
                        names, labels, stats.started)
-        yield _counter("batchscope_client_arrivals_refused", "Open-loop arrivals not sent: at the in-flight cap, "
-                       "or while backing off after non-retryable HTTP errors.",
-                       names, labels, stats.refused)
+        yield from _not_sent(stats, names, labels)
         yield _counter("batchscope_client_prompt_tokens", "Prompt tokens of finished requests, from usage.",
                        names, labels, stats.prompt_tokens)
         yield _counter("batchscope_client_output_tokens", "Output tokens of finished requests, from usage.",
@@ -170,6 +171,25 @@ def _admission(stats: ClientStats, names: list[str], labels: list[str]) -> Itera
                                 "--max-num-queued-tokens caps (every prompt still in prefill, whole).", labels=names)
     backlog.add_metric(labels, stats.prefill_backlog_tokens)
     yield backlog
+
+
+def _not_sent(stats: ClientStats, names: list[str], labels: list[str]) -> Iterator[Metric]:
+    refused = CounterMetricFamily("batchscope_client_arrivals_refused", "Open-loop arrivals not sent, by reason: "
+                                  "in_flight_cap (at the spec's max_in_flight), backing_off (after non-retryable "
+                                  "HTTP errors, 429s or 503s), server_away (connections refused or reset).",
+                                  labels=[*names, "reason"])
+    for reason, count in stats.not_sent.items():
+        refused.add_metric([*labels, reason], count)
+    yield refused
+    away = GaugeMetricFamily("batchscope_client_server_away", "1 while the server is away: the latest connection "
+                             "error has no answered request after it.", labels=names)
+    away.add_metric(labels, float(stats.away_now))
+    yield away
+    seconds = GaugeMetricFamily("batchscope_client_server_away_seconds", "Seconds the server was away so far: the "
+                                "gaps from a refused or reset connection to its next answer, 1 s or longer.",
+                                labels=names)
+    seconds.add_metric(labels, stats.away_s)
+    yield seconds
 
 
 def _saturation(generator: GeneratorLoad, names: list[str], labels: list[str]) -> Iterator[Metric]:

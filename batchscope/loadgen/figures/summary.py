@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from batchscope.loadgen.figures.away import Gap, away_s
 from batchscope.loadgen.figures.figures import RunFigures
 from batchscope.loadgen.figures.metrics import ClientStats
 from batchscope.loadgen.figures.saturation import GeneratorLoad
@@ -30,7 +31,8 @@ from batchscope.loadgen.figures.window import final_window
 from batchscope.loadgen.spec import PoissonLoad, WorkloadSpec
 from batchscope.runs.provenance import Provenance
 
-SUMMARY_SCHEMA_VERSION = 3  # 2: window = requests that ended in it; offered rate; failure; 3: admission rejections
+# 2: window = requests that ended in it; offered rate; failure; 3: admission rejections; 4: the server away
+SUMMARY_SCHEMA_VERSION = 4
 
 
 class Distribution(BaseModel):
@@ -61,6 +63,22 @@ class Distribution(BaseModel):
         return cls(count=sketch.count, mean=sketch.mean, p50=p50, p90=p90, p99=p99)
 
 
+class AwayGap(BaseModel):
+    """One time the server was away (batchscope/loadgen/figures/away.py)."""
+
+    start_s: float = Field(description="The first refused or reset connection, Unix seconds.")
+    end_s: float | None = Field(description="The send of the first request after it the server answered, Unix "
+                                "seconds; null: the server was not back when the run ended.")
+    duration_s: float = Field(description="end_s - start_s (to the run's stop when not back), seconds.")
+    connection_errors: int = Field(description="connection_error outcomes in the gap, whole run.")
+
+    @classmethod
+    def of(cls, gap: Gap, until_s: float) -> AwayGap:
+        end = until_s if gap.end_s is None else gap.end_s
+        return cls(start_s=gap.start_s, end_s=gap.end_s, duration_s=end - gap.start_s,
+                   connection_errors=gap.connection_errors)
+
+
 class Summary(Provenance):
     """One run's result, with the spec that produced it."""
 
@@ -73,9 +91,18 @@ class Summary(Provenance):
     started: int = Field(description="Requests started (warm-up included).")
     outcomes: dict[str, int] = Field(description="Finished requests by outcome (warm-up included).")
     balanced: bool = Field(description="started == sum of outcomes: every request ended in exactly one outcome.")
-    refused_arrivals: int = Field(description="Open-loop arrivals not sent (warm-up included): at the in-flight "
-                                  "cap, or while backing off after non-retryable HTTP errors, 429s or 503s (not "
-                                  "vLLM's admission 503s, which never back off).")
+    refused_arrivals: int = Field(description="Open-loop arrivals not sent (warm-up included), each counted once: "
+                                  "started + refused_arrivals = the schedule's arrivals due before the stop.")
+    refused_arrivals_by_reason: dict[str, int] = Field(default_factory=dict, description=(
+        "Those by reason: in_flight_cap (at the spec's max_in_flight), backing_off (after non-retryable HTTP "
+        "errors, 429s or 503s; vLLM's admission 503s never back off), server_away (connections refused or reset)."))
+    server_away: list[AwayGap] = Field(default_factory=list, description=(
+        "The times the server was away (at least 1 s from a refused or reset connection to the next answered "
+        "request), in order, whole run."))
+    server_away_s: float = Field(0.0, description="Their total duration, seconds.")
+    failed_while_away: int = Field(0, description=(
+        "connection_error outcomes that ended in the window inside a gap the server came back from: in failed, "
+        "but not in the failure rule (a restart is not the server failing requests)."))
     window_start_s: float = Field(description="Measurement window start (the end of warm-up), Unix seconds.")
     completed: int = Field(description="Requests with outcome ok that ended in the measurement window.")
     failed: dict[str, int] = Field(description="Requests that ended in the window, by non-ok outcome (aborted "
@@ -128,10 +155,13 @@ def summarize(spec: WorkloadSpec, figures: RunFigures, stats: ClientStats, gener
         offered = (figures.scheduled_in_window + refused_in_window) / duration
     lags = np.asarray(figures.dispatch_lags)
     outcomes = dict(stats.outcomes)
+    gaps = figures.away.gaps(stop_s)
     return Summary(
         run_id=run_id, host=host, started_at=datetime.fromtimestamp(start_s, UTC).isoformat(), spec=spec,
         started=stats.started, outcomes=outcomes, balanced=stats.started == sum(outcomes.values()),
-        refused_arrivals=stats.refused, window_start_s=window.start_s, completed=figures.completed,
+        refused_arrivals=stats.refused, refused_arrivals_by_reason=dict(stats.not_sent),
+        server_away=[AwayGap.of(gap, stop_s) for gap in gaps], server_away_s=away_s(gaps, stop_s),
+        failed_while_away=while_away(gaps), window_start_s=window.start_s, completed=figures.completed,
         failed=dict(figures.failed), admission_rejections=dict(figures.rejected),
         rejected_share=figures.rejected_share(), effective_duration_s=duration,
         completion_throughput_rps=figures.completed / duration, target_rate_rps=target_rate,
@@ -139,7 +169,7 @@ def summarize(spec: WorkloadSpec, figures: RunFigures, stats: ClientStats, gener
         total_tokens_per_s=(figures.output_tokens + figures.prompt_tokens) / duration,
         **latencies(figures), peak_concurrency=figures.peak_concurrency(),
         dispatch_lag_p99_s=float(np.percentile(lags, 99)) if lags.size else None,
-        failure=failure_reason(spec, figures), generator=generator,
+        failure=failure_reason(spec, figures, while_away(gaps)), generator=generator,
     )
 
 
@@ -149,18 +179,25 @@ def latencies(figures: RunFigures) -> dict[str, Distribution]:
             "itl": Distribution.of_sketch(figures.itl), "e2e": Distribution.of(figures.e2e)}
 
 
-def failure_reason(spec: WorkloadSpec, figures: RunFigures) -> str | None:
+def while_away(gaps: list[Gap]) -> int:
+    """Connection errors that ended in the window inside the gaps the server came back from."""
+    return sum(gap.in_window for gap in gaps if gap.end_s is not None)
+
+
+def failure_reason(spec: WorkloadSpec, figures: RunFigures, away: int = 0) -> str | None:
     """One line saying why the run failed, or None: nothing completed in the window, or too large a share of
-    the requests that ended in it failed (aborted ones excluded: the run's end cut them, not the server; and
-    admission rejections: the server's policy, reported on their own)."""
+    the requests that ended in it failed (aborted ones excluded: the run's end cut them, not the server;
+    admission rejections: the server's policy, reported on their own; and the ``away`` connection errors of a
+    restart the server came back from)."""
     completed, failed = figures.completed, figures.failed
     status = figures.rejected_throughout()
     if completed == 0 and figures.finished and status is not None:
         # the commonest failure by far (a wrong key, model name or length): name the answer the server gave
         detail = " ".join((figures.rejection_detail[status] or "no detail").split())[:80]
         return f"all {figures.finished} finished requests were rejected with HTTP {status} ({detail})"
-    failures = sum(failed.values())
+    failures = sum(failed.values()) - away
     breakdown = ", ".join(f"{outcome} {count}" for outcome, count in failed.items() if count)
+    breakdown += f" ({away} connection errors while the server was away not counted)" if away else ""
     if completed == 0:
         rejected = sum(figures.rejected.values())
         ended = ", ".join(part for part in (breakdown, f"rejected_busy {rejected}" if rejected else "") if part)
@@ -180,6 +217,11 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
     head.add_row("failed (ended in window)", ", ".join(f"{k} {v}" for k, v in summary.failed.items() if v) or "0")
     head.add_row("rejected by vLLM's admission (in window)", rejections_line(summary))
     head.add_row("aborted at end", str(summary.outcomes["aborted"]))
+    if summary.server_away:
+        head.add_row("server away (s)", away_line(summary))
+    if summary.refused_arrivals:
+        head.add_row("arrivals not sent", ", ".join(f"{reason} {count}" for reason, count
+                                                    in summary.refused_arrivals_by_reason.items() if count))
     head.add_row("started / balanced", f"{summary.started} / {'yes' if summary.balanced else 'NO'}")
     head.add_row("effective duration (s)", f"{summary.effective_duration_s:.2f}")
     head.add_row("completion throughput (req/s)", f"{summary.completion_throughput_rps:.3f}")
@@ -201,6 +243,15 @@ def print_summary(summary: Summary, console: Console | None = None) -> None:
         cells = [getattr(dist, k) for k in ("mean", "p50", "p90", "p99")]
         latencies.add_row(name.upper(), str(dist.count), *("-" if v is None else f"{v * 1000:.2f}" for v in cells))
     console.print(latencies)
+
+
+def away_line(summary: Summary) -> str:
+    """The total and each gap: its start into the run, its duration, its connection errors."""
+    start = datetime.fromisoformat(summary.started_at).timestamp()
+    gaps = "; ".join(f"at {gap.start_s - start:.1f} s for {gap.duration_s:.2f} s"
+                     f"{'' if gap.end_s is not None else ' (not back)'}, {gap.connection_errors} connection errors"
+                     for gap in summary.server_away)
+    return f"{summary.server_away_s:.2f}: {gaps}"
 
 
 def rejections_line(summary: Summary) -> str:

@@ -27,6 +27,7 @@ from batchscope.loadgen.figures import (
     RunFigures,
     SaturationMonitor,
     Summary,
+    away_s,
     live_window,
     summarize,
 )
@@ -44,6 +45,7 @@ class SenderState:
 
     started: int = 0
     refused: int = 0
+    not_sent: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     prefill_backlog_tokens: int = 0
     final: bool = False
@@ -89,9 +91,14 @@ class RunControl:
             self._records_file = open(self.out_dir / "records.jsonl", "w")  # noqa: SIM115
 
     def refresh(self) -> None:
-        """Bring in the local sender's latest records (no-op on a master, whose workers push)."""
+        """Bring in the local sender's latest records (no-op on a master, whose workers push) and update the
+        live figures of the server's absence."""
         if self.pull is not None and not self.stopping:
             self.pull()
+        if self.start_s is not None:
+            now = self.stop_s or time.time()
+            self.stats.away_s = away_s(self.figures.away.gaps(now), now)
+            self.stats.away_now = self.figures.away.away_now()
 
     # ----- reports -------------------------------------------------------------------------------------
 
@@ -113,11 +120,14 @@ class RunControl:
         self.received += len(report.records)
         state.started, state.refused, state.in_flight = report.started, report.refused, report.in_flight
         state.prefill_backlog_tokens = report.prefill_backlog_tokens
+        state.not_sent = report.not_sent
         state.final = state.final or report.final
         if self.start_s is not None:
             self.saturation.note_cpu(sender, report.at_s, report.cpu_s, self.window().start_s)
         self.stats.started = sum(s.started for s in self.senders.values())
         self.stats.refused = sum(s.refused for s in self.senders.values())
+        self.stats.not_sent = {reason: sum(s.not_sent.get(reason, 0) for s in self.senders.values())
+                               for reason in {r for s in self.senders.values() for r in s.not_sent}}
         self.stats.prefill_backlog_tokens = sum(s.prefill_backlog_tokens for s in self.senders.values())
 
     def drain(self, limit: int | None = None) -> bool:

@@ -22,6 +22,7 @@ class SenderReport:
     records: list[RequestRecord] = field(default_factory=list)
     started: int = 0  # requests started since the run began (cumulative)
     refused: int = 0  # open-loop arrivals not sent (cumulative)
+    not_sent: dict[str, int] = field(default_factory=dict)  # the same by reason (sender.NOT_SENT), cumulative
     refused_s: list[float] = field(default_factory=list)  # scheduled times of arrivals refused since the last one
     in_flight: int = 0  # requests in flight now
     prefill_backlog_tokens: int = 0  # prompt tokens of the requests sent and not answered a first token yet, now
@@ -31,13 +32,14 @@ class SenderReport:
 
     def to_wire(self) -> dict[str, Any]:
         return {"records": [record.to_dict() for record in self.records], "started": self.started,
-                "refused": self.refused, "refused_s": self.refused_s, "in_flight": self.in_flight,
-                "prefill_backlog_tokens": self.prefill_backlog_tokens, "final": self.final, "at_s": self.at_s,
-                "cpu_s": self.cpu_s}
+                "refused": self.refused, "not_sent": self.not_sent, "refused_s": self.refused_s,
+                "in_flight": self.in_flight, "prefill_backlog_tokens": self.prefill_backlog_tokens,
+                "final": self.final, "at_s": self.at_s, "cpu_s": self.cpu_s}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> SenderReport:
         return cls(records=[RequestRecord(**record) for record in data["records"]], started=data["started"],
-                   refused=data["refused"], refused_s=list(data["refused_s"]), in_flight=data["in_flight"],
+                   refused=data["refused"], not_sent=dict(data["not_sent"]), refused_s=list(data["refused_s"]),
+                   in_flight=data["in_flight"],
                    prefill_backlog_tokens=data["prefill_backlog_tokens"],
                    final=bool(data.get("final", False)), at_s=data["at_s"], cpu_s=data["cpu_s"])
