@@ -12,7 +12,8 @@ from collections.abc import Sequence
 # time its own imports take. tests/batchscope/test_cli.py checks these lines against the modules' own.
 COMMANDS = {
     "sim": ("batchscope.simulator.cli", "the vLLM-compatible simulator"),
-    "load": ("batchscope.loadgen.cli", "send the fixed streaming load of a workload spec (Locust, headless)"),
+    "load": ("batchscope.loadgen.cli",
+             "send the fixed streaming load of a workload spec (Locust, headless or in its web UI)"),
     "exporter": ("batchscope.exporter.cli", "serve vLLM + client metrics + serving config as one target"),
     "tune": ("batchscope.tuner.cli", "run a tuning plan: one serving parameter changed at a time"),
     "report": ("batchscope.tuner.cli", "write the comparison report of a plan's results (with its MLPerf scenarios' "

@@ -12,23 +12,14 @@ annotations built from it never hold one.
 
 from __future__ import annotations
 
-import shlex
-
 from pydantic import BaseModel, Field, field_validator
 
 from batchscope.inputs.secrets import mask_mapping
+from batchscope.vllm import command_line
 from batchscope.vllm import knobs as vllm_knobs
 
 # the knobs this project is about, plus what identifies the deployment; every other flag goes to other_flags
 KNOWN_FLAGS = ("model", "served_model_name", *vllm_knobs.KNOB_NAMES)
-# vLLM flags that take no value
-BOOLEAN_FLAGS = {"enable_prefix_caching", "no_enable_prefix_caching", "enable_chunked_prefill",
-                 "no_enable_chunked_prefill", "enforce_eager", "trust_remote_code", "disable_log_requests",
-                 "disable_log_stats", "enable_prompt_tokens_details", "enable_force_include_usage",
-                 "async_scheduling", "no_async_scheduling", "disable_frontend_multiprocessing",
-                 *(knob.name for knob in vllm_knobs.KNOBS if knob.switch),
-                 *("no_" + knob.name for knob in vllm_knobs.KNOBS if knob.switch)}
-
 
 class ServingConfig(BaseModel):
     """What vLLM was started with, as far as the sources tell (strings; "" = unknown)."""
@@ -137,29 +128,9 @@ def _against_default(key: str, passed: str, default_first: bool) -> tuple[str, s
 
 
 def parse_command(command: str | list[str]) -> ServingConfig:
-    """Read a `vllm serve MODEL --flag value ...` command line (also `python -m vllm.entrypoints.openai.api_server
-    --model M ...` and `--flag=value`); unknown flags land in other_flags."""
-    argv = shlex.split(command) if isinstance(command, str) else list(command)
-    if "serve" in argv:
-        argv = argv[argv.index("serve") + 1:]
-    values: dict[str, str] = {}
-    index = 0
-    while index < len(argv):
-        token = argv[index]
-        index += 1
-        if not token.startswith("--"):
-            values.setdefault("model", token)  # the positional MODEL of `vllm serve`
-            continue
-        name, has_value, value = token[2:].partition("=")
-        name = name.replace("-", "_")
-        if not has_value:
-            if name in BOOLEAN_FLAGS or index >= len(argv) or argv[index].startswith("--"):
-                value = "true"
-            else:
-                value, index = argv[index], index + 1
-        if name.startswith("no_") and getattr(vllm_knobs.BY_NAME.get(name[3:]), "switch", False):
-            name, value = name[3:], "false"  # a switch's off form names the knob
-        values[name] = value
+    """Read a `vllm serve MODEL --flag value ...` command line (batchscope.vllm.command_line); unknown flags land in
+    other_flags."""
+    values = command_line.flag_values(command)
     known = {key: values.pop(key) for key in KNOWN_FLAGS if key in values}
     defaulted = [key for key in vllm_knobs.KNOB_NAMES if key not in known]
     return ServingConfig(**known, other_flags=values, defaulted=defaulted)

@@ -15,6 +15,7 @@ import requests
 from batchscope.inputs.validation import read_input_text
 from batchscope.loadgen.checks import BadInput
 from batchscope.vllm import knobs, scrape
+from batchscope.vllm.command_line import flag_values
 from batchscope.wire.bounded_read import METRICS_MAX_BYTES
 
 NOT_VISIBLE = "not visible"
@@ -45,24 +46,12 @@ def command_line(command: str, command_file: str) -> str | None:
 
 
 def command_knobs(command: str) -> dict[str, str]:
-    """Every knob as the command line sets it (`--max-num-seqs 64`, `--max_num_seqs=64`, `--no-<switch>`), "vLLM
-    default" where it is left out; a switch reads on or off."""
-    argv = shlex.split(command)
-    values: dict[str, str] = {}
-    index = 0
-    while index < len(argv):
-        name, has_value, value = argv[index].partition("=")
-        index += 1
-        knob = knobs.BY_FLAG.get(knobs.flag_key(name))
-        if knob is None:
-            continue
-        if knob.switch:
-            values[knob.name] = knobs.shown(not name.replace("_", "-").startswith("--no-"))
-        elif has_value:
-            values[knob.name] = value
-        elif index < len(argv):
-            values[knob.name], index = argv[index], index + 1
-    return {name: values.get(name, knobs.DEFAULT_TEXT) for name in knobs.KNOB_NAMES}
+    """Every knob as the command line sets it (batchscope.vllm.command_line), "vLLM default" where it is left out;
+    a switch reads on or off."""
+    values = flag_values(command)
+    return {knob.name: knobs.DEFAULT_TEXT if knob.name not in values
+            else knobs.shown(values[knob.name] == "true") if knob.switch else values[knob.name]
+            for knob in knobs.KNOBS}
 
 
 def exporter_knobs(labels: dict[str, str]) -> dict[str, str]:
