@@ -3,6 +3,7 @@
     with Burst(url) as burst:
         answers = burst.send([body] * 8)     # all released together; answers fill in, streams stay open
         wait_until(lambda: sum(1 for a in answers if a and a.reason) == 5)
+        decode = burst.tally(body)           # one stream read to its end: decode.count token events so far
 
 Closing the burst closes every stream still open: vLLM (and the simulator) abort those requests.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import requests
@@ -20,6 +21,7 @@ import requests
 from batchscope.vllm import admission
 
 READ_LIMIT_BYTES = 64 * 1024  # an error body or a first event is far smaller
+TALLY_LIMIT_BYTES = 4 << 20  # a whole stream of max_model_len token events is far smaller
 TIMEOUT_S = 60.0
 
 
@@ -86,17 +88,30 @@ class Burst:
             thread.start()
         return answers
 
-    def open(self, body: dict) -> Answer:
-        """Send one streaming request and read its answer up to its first event; a stream stays open."""
-        # kept until close: a response no longer referenced is collected, and its connection closed with it
-        response = requests.post(self.url, json={**body, "stream": True}, stream=True, timeout=TIMEOUT_S)
-        with self._lock:
-            self._open.append(response)
+    def open(self, body: dict, on_start: Callable[[], object] | None = None) -> Answer:
+        """Send one streaming request and read its answer up to its first event; a stream stays open.
+        ``on_start`` is called once the response's headers are in, before its first event is read."""
+        response = self._post(body)
+        if on_start is not None:
+            on_start()
         content_type = response.headers.get("Content-Type", "")
         if response.status_code != 200:
             text = response.raw.read(READ_LIMIT_BYTES, decode_content=True).decode("utf-8", "replace")
             return Answer(response.status_code, content_type, text)
         return Answer(200, content_type, _first_event(response))
+
+    def tally(self, body: dict) -> Tally:
+        """Send one streaming request and count its token events as they come, in a thread of its own."""
+        tally = Tally(self._post(body))
+        self._threads.append(tally.thread)
+        return tally
+
+    def _post(self, body: dict) -> requests.Response:
+        # kept until close: a response no longer referenced is collected, and its connection closed with it
+        response = requests.post(self.url, json={**body, "stream": True}, stream=True, timeout=TIMEOUT_S)
+        with self._lock:
+            self._open.append(response)
+        return response
 
     def close(self) -> None:
         with self._lock:
@@ -106,6 +121,26 @@ class Burst:
         for thread in self._threads:
             thread.join(TIMEOUT_S)
         self._threads.clear()
+
+
+class Tally:
+    """A stream read to its end (or its close) by a thread: ``count`` is its token events received so far."""
+
+    def __init__(self, response: requests.Response) -> None:
+        self.count = 0
+        self._response = response
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        pending, total = b"", 0
+        with contextlib.suppress(requests.RequestException, OSError, ValueError, AttributeError):
+            for chunk in self._response.iter_content(chunk_size=None):
+                total += len(chunk)
+                if total > TALLY_LIMIT_BYTES:
+                    return
+                *events, pending = (pending + chunk).split(b"\n\n")
+                self.count += sum(1 for event in events if event.startswith(b'data: {"id"'))
 
 
 def _first_event(response: requests.Response) -> str:

@@ -1,10 +1,11 @@
 """The simulator's queue knobs over HTTP (tests/simulator/admission_scenarios.py's loads): the RUNNING cap, the
 bursts over each admission limit (refused exactly past the limit, vLLM's 503 body, the counter by reason), and the
-long-prefill cap's iteration_tokens; the same loads run against real vLLM in tests/real_vllm."""
+long-prefill cap's steps; the same loads run against real vLLM in tests/real_vllm."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import requests
@@ -14,11 +15,15 @@ from batchscope.vllm import admission, catalogue
 from tests.conftest import wait_until
 from tests.simulator.admission_scenarios import (
     ACTIVE,
+    LIMIT_FLAGS,
+    LONG_PROMPT,
     QUEUE_FLAGS,
+    RUNS,
+    THRESHOLD,
     body,
     burst_over,
     hold_running,
-    prefill_beside_a_decode,
+    long_prefills,
     samples,
     value,
 )
@@ -66,8 +71,13 @@ def test_a_preflight_refusal_is_a_plain_503_counted_by_the_api_server(queue_sim)
     assert after[key] - before.get(key, 0.0) == 1
 
 
-def test_long_prompts_beside_a_decode_are_observed_once_each_when_their_prefill_ends(queue_sim):
-    # each 1000-token prompt, capped at 256 a step, observed once: 1000 + its token + the decode's = 1002
-    assert prefill_beside_a_decode(queue_sim.url, MODEL) == {16.0: 0, 32.0: 0, 64.0: 0, 128.0: 0, 256.0: 0,
-                                                              512.0: 0, 1024.0: 2, 2048.0: 0, 4096.0: 0, 8192.0: 0,
-                                                              16384.0: 0, float("inf"): 0}
+@pytest.mark.parametrize(("flags", "steps"), [
+    (QUEUE_FLAGS, math.ceil(LONG_PROMPT / THRESHOLD)),  # 64 a step: 16 steps
+    ((*QUEUE_FLAGS, "--long-prefill-token-threshold-adaptive"), 2),  # max(64, 1024 // (1 running + 1 waiting)) = 512
+    (LIMIT_FLAGS, 1),  # no cap: 1000 prompt tokens + the decode's 1 fit in 1024
+])
+def test_a_long_prefill_beside_a_decode_takes_its_capped_number_of_steps(simulator, flags, steps):
+    figures = long_prefills(simulator(*flags).url, MODEL)
+    assert steps - 1 <= figures.median <= steps + 3, figures
+    # each prompt is observed once, in the step its prefill ends: 1000 + its token + the decode's = 1002
+    assert {bound: n for bound, n in figures.iteration_tokens.items() if n} == {1024.0: RUNS}
