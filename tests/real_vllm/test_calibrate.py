@@ -213,7 +213,8 @@ def preview(the_plan: Plan, setting: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def compared(tmp_path_factory) -> dict:
+def calibrated(tmp_path_factory) -> dict:
+    """A fresh server calibrated, then the baseline measured on it right after (and the host's speed on it)."""
     workdir = tmp_path_factory.mktemp("calibrate")
     profile = workdir / "calibrated.yaml"
     the_plan = plan(profile)
@@ -222,10 +223,16 @@ def compared(tmp_path_factory) -> dict:
         with server.client_beside():
             done = calibrate(server.url, profile)
             assert done.returncode == 0, done.stderr[-3000:]
-            measured = {"baseline": {**held_run(server, the_plan, workdir, 9101),
-                                     "host": host_speed(server, the_plan, workdir)}}
+            baseline = {**held_run(server, the_plan, workdir, 9101), "host": host_speed(server, the_plan, workdir)}
     finally:
         server.stop()
+    return {"workdir": workdir, "profile": profile, "plan": the_plan, "stderr": done.stderr, "baseline": baseline}
+
+
+@pytest.fixture(scope="module")
+def compared(calibrated) -> dict:
+    workdir, the_plan = calibrated["workdir"], calibrated["plan"]
+    measured = {"baseline": calibrated["baseline"]}
     held_out = [(name, params.flags()) for name, params in the_plan.settings() if name != "baseline"]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in held_out}
     repeats = []
@@ -241,8 +248,8 @@ def compared(tmp_path_factory) -> dict:
     # each setting's host speed (its runs' mean) against the calibrated server's: a drift the baseline's repeats missed
     drift = {name: abs(run["host"] / measured["baseline"]["host"] - 1) for name, run in measured.items()}
     predicted = {name: preview(the_plan, name) for name, _ in the_plan.settings()}
-    result = {"profile": profile, "stderr": done.stderr, "measured": measured, "predicted": predicted,
-              "noise": noise, "drift": drift}
+    result = {"profile": calibrated["profile"], "stderr": calibrated["stderr"], "measured": measured,
+              "predicted": predicted, "noise": noise, "drift": drift}
     _print(result)
     return result
 
@@ -309,3 +316,60 @@ def test_each_real_run_kept_its_users_requests_in_flight(compared, setting):
     held, users = compared["measured"][setting]["in_flight"], WORKLOAD["load"]["concurrency"]
     assert held >= HELD * users, f"{setting}: {held:.2f} of {users} users' requests in flight over the window " \
                                  f"(twice): vLLM's API server held them (docstring); no preview can be judged on it"
+
+
+# A Poisson load above capacity on a server that refuses past max_num_queued_reqs (its 8 running + 4 waiting): the
+# share refused, real and previewed with the calibrated profile (docs/simulator.md, "Rejection share on a Poisson load")
+QUEUE_CAP, RATE = 12, 6.0
+POISSON = {"input_tokens": 128, "output_tokens": 128, "timeout_s": 60, "seed": 9401,
+           "load": {"mode": "poisson", "rate": RATE, "max_in_flight": 400}}
+SIGMAS = 3  # of the share's binomial sampling noise
+
+
+def poisson_plan(profile: Path) -> Plan:
+    return Plan.model_validate({
+        "name": "poisson-over-a-queue-cap", "workload": POISSON,
+        "backend": {"kind": "command", "profile": str(profile)},
+        "baseline": {"model": str(tier().model), "max_model_len": 1024, "max_num_seqs": 8,
+                     "max_num_batched_tokens": 1024, "max_num_queued_reqs": QUEUE_CAP},
+        "warmup_s": 10, "window_s": 50})
+
+
+@pytest.fixture(scope="module")
+def poisson(calibrated) -> dict:
+    workdir, the_plan = calibrated["workdir"], poisson_plan(calibrated["profile"])
+    (name, params), = the_plan.settings()
+    server = tier().start(workdir, *params.flags())
+    try:
+        with server.client_beside():
+            out = workdir / "poisson"
+            done = subprocess.run(load_argv(server, the_plan.run_spec(), out), capture_output=True, text=True,
+                                  timeout=300)
+            assert done.returncode == 0, done.stderr[-2000:]
+            host = host_speed(server, the_plan, workdir)
+    finally:
+        server.stop()
+    summary = json.loads((out / "summary.json").read_text())
+    run = run_what_if(the_plan, name, params, 0)
+    assert run.status == "ok" and run.client is not None, run.failure
+    record = load_profile(str(calibrated["profile"])).calibration
+    assert record is not None
+    result = {"real": (summary["rejected_share"], summary["completed"] + sum(summary["failed"].values())
+                       + sum(summary["admission_rejections"].values())),
+              "preview": (run.client.rejected_share, run.client.completed + run.client.errors
+                          + sum(run.client.rejected.values())),
+              "offered_rate": summary["offered_rate_rps"], "rms_error": record.rms_error,
+              "drift": abs(host / calibrated["baseline"]["host"] - 1)}
+    print(f"\nPoisson at {RATE:g}/s over max_num_queued_reqs {QUEUE_CAP}: rejected share real {result['real'][0]:.3f} "
+          f"of {result['real'][1]}, preview {result['preview'][0]:.3f} of {result['preview'][1]}; calibration RMS "
+          f"error {record.rms_error:.1%}, host drift {result['drift']:.1%}, offered {result['offered_rate']}/s")
+    return result
+
+
+def test_a_poisson_load_over_the_queue_cap_is_refused_in_the_share_the_calibrated_preview_gives(poisson):
+    (real, n), (guess, _) = poisson["real"], poisson["preview"]
+    assert real is not None and guess is not None and 0 < real < 1, poisson
+    # share = 1 - served / offered: a throughput error e moves it by (1 - share) x e (docs/simulator.md)
+    tolerance = SIGMAS * math.sqrt(real * (1 - real) / n) + (1 - real) * (poisson["rms_error"] + poisson["drift"])
+    assert abs(guess - real) <= tolerance, f"rejected share: preview {guess:.3f}, real {real:.3f} of {n}, " \
+                                           f"tolerance {tolerance:.3f}"
