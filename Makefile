@@ -101,8 +101,7 @@ coverage: $(INSTALLED)
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 
-# The main job: the one-knob plan on the simulator in real time (about ten minutes: five 100 s windows, each
-# >= 1,000 requests for a stable p99; docs/tuner.md); prints the results table and where the report is.
+# The main job: the one-knob plan on the simulator in real time (about two minutes); prints where the report is.
 run: $(INSTALLED)
 	$(BIN)/batchscope tune examples/one-knob.yaml --results results --resume
 

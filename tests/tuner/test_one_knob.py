@@ -1,7 +1,6 @@
 """examples/one-knob.yaml end to end through `batchscope tune`: in real time (windows shortened) and on the
-virtual clock (as written), each knob moves the figures in the direction the plan's comments say, the report
-marks those moves indicative (one repeat per setting: never significant, tests/tuner/test_significance.py), and
-the what-if run shows the figures, the window's request count and the recommendation the comments state."""
+virtual clock (as written), each knob moves the figures the way the seed article says, and the report marks
+those moves indicative (one repeat per setting: never significant, tests/tuner/test_significance.py)."""
 
 from __future__ import annotations
 
@@ -37,44 +36,12 @@ def test_the_what_if_run_of_the_same_plan_takes_seconds_and_agrees_in_direction(
     result = tune(tmp_path, EXAMPLE, "--what-if", timeout_s=60)
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
-    assert elapsed < 90, f"what-if took {elapsed:.1f}s"  # five 100 s windows of 48 users, the report
+    assert elapsed < 10, f"what-if took {elapsed:.1f}s"
     plan_dir = tmp_path / "results" / "one-knob.what-if"
     runs = runs_by_setting(plan_dir)
     assert {run["mode"] for run in runs.values()} == {"what-if"}
     assert_directions(runs)
     assert_significant_moves(plan_dir)
-    assert_the_comments(runs, plan_dir)
-    assert "Recommended: baseline" in result.stdout and "TTFT p99 (ms)" in result.stdout  # the terminal's table
-
-
-def assert_the_comments(runs: dict[str, dict], plan_dir: Path) -> None:
-    """What examples/one-knob.yaml's comments say its what-if run shows."""
-    def p99(name: str, figure: str) -> float:
-        return runs[name]["client"][figure]["p99"]
-
-    def p50(name: str, figure: str) -> float:
-        return runs[name]["client"][figure]["p50"]
-
-    base = runs["baseline"]["client"]
-    # the window: >= 1,000 requests at the baseline, so its p99 rests on 10 or more; ~540 at gmu-0.25
-    assert base["completed"] >= 1000 and 500 <= runs["gmu-0.25"]["client"]["completed"] < 600
-    assert 0.15 < p50("baseline", "ttft") < 0.2 and 0.2 < p99("baseline", "ttft") < 0.25  # 164 / 225 ms
-    assert 9.5 < base["completion_throughput_rps"] < 10.7
-    assert 2.8 < p99("mnbt-1024", "ttft") / p99("baseline", "ttft") < 3.4 and p99("mnbt-1024", "ttft") > 0.5
-    assert 0.8 < p99("mnbt-1024", "tpot") / p99("baseline", "tpot") < 0.86  # −17%
-    assert 1.7 < p50("mnbt-8192", "ttft") / p50("baseline", "ttft") < 2.2
-    assert 2.4 < p99("mnbt-8192", "ttft") / p99("baseline", "ttft") < 3.0
-    assert 1.03 < p99("mnbt-8192", "tpot") / p99("baseline", "tpot") < 1.1  # +6%
-    assert 3.2 < p99("mnbt-8192", "itl") / p99("baseline", "itl") < 3.8
-    assert runs["mns-32"]["server"]["max_waiting"] == 16 and 2.1 < p99("mns-32", "ttft") < 2.5
-    assert 0.68 < p99("mns-32", "tpot") / p99("baseline", "tpot") < 0.76  # −28%
-    assert 7 < p99("gmu-0.25", "ttft") < 8.2 and runs["gmu-0.25"]["server"]["preemptions"] > 0
-    assert 0.45 < runs["gmu-0.25"]["client"]["completion_throughput_rps"] / base["completion_throughput_rps"] < 0.6
-    comparison = json.loads((plan_dir / "comparison.json").read_text())
-    assert comparison["verdicts"]["met_slos"] == ["baseline"]
-    report = (plan_dir / "report.md").read_text()
-    assert "**Recommended: baseline** — highest goodput among the settings that met the SLOs" in report
-    assert "the only setting that met them" in report and "no difference is called significant" in report
 
 
 def runs_by_setting(plan_dir: Path) -> dict[str, dict]:
