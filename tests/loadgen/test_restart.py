@@ -137,8 +137,9 @@ def test_a_closed_loop_over_a_restart_backs_off_and_reports_the_gap(tmp_path):
     assert_measured(run, gap)
     assert summary["server_away_s"] == pytest.approx(gap["duration_s"])
     assert gap["connection_errors"] == summary["outcomes"]["connection_error"]
-    # counted as connection errors, left out of the failure rule: every one ended in the window
-    assert summary["failed"]["connection_error"] == summary["failed_while_away"] == gap["connection_errors"]
+    # counted as connection errors, left out of the failure rule: every one that ended in the window (on a busy
+    # machine the server may go away before the warm-up is over, so some end before it)
+    assert summary["failed"]["connection_error"] == summary["failed_while_away"] <= gap["connection_errors"]
 
 
 def test_an_open_loop_over_a_restart_does_not_send_into_the_gap_and_counts_what_it_did_not_send(tmp_path):
