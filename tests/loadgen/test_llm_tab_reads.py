@@ -1,6 +1,6 @@
 """The LLM tab's read of the server's /metrics against hostile servers (batchscope.testkit.hostile): an
 endless, dripping or hanging answer ends within SERVER_TIMEOUT_S (+ slack) and the byte cap, and the server
-shows as unreachable; a well-formed answer after it is read again."""
+shows as unreachable; a well-formed answer after it is read again. A charted latency draws the table's digits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ import tracemalloc
 
 import pytest
 
-from batchscope.loadgen.adapter.llm_tab import SERVER_TIMEOUT_S, ServerMetrics
+from batchscope.loadgen.adapter.llm_tab import (
+    MS_DECIMALS,
+    SERVER_TIMEOUT_S,
+    ServerMetrics,
+    charted_milliseconds,
+    milliseconds,
+)
 from batchscope.testkit.hostile import HostileServer
 from batchscope.wire.bounded_read import METRICS_MAX_BYTES
 
@@ -41,3 +47,9 @@ def test_a_good_answer_reads_as_reachable():
         metrics.read(0.0, force=True)
     assert metrics.reachable is True
     assert metrics.latest is not None and metrics.latest.running == 0.0
+
+
+@pytest.mark.parametrize("seconds", [0.001095000001, 0.0010949999, 0.0123449999, 0.2, 1.23456, 0.0])
+def test_a_charted_latency_draws_the_tables_digits(seconds):
+    # the browser formats a legend's value with toFixed(MS_DECIMALS), which for these values is Python's format
+    assert f"{charted_milliseconds(seconds):.{MS_DECIMALS}f}" == milliseconds(seconds)

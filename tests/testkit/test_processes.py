@@ -42,7 +42,8 @@ def test_free_port_can_be_bound():
 
 @pytest.mark.e2e
 def test_a_child_in_its_own_session_is_stopped_with_its_grandchildren(tmp_path):
-    script = "import subprocess, sys; subprocess.Popen(['sleep', '60']); print('up', flush=True); sys.stdin.read()"
+    # it waits on a signal, not on stdin: CI's stdin is at its end, and the child would exit at once
+    script = "import signal, subprocess; subprocess.Popen(['sleep', '60']); print('up', flush=True); signal.pause()"
     child = Child("sleeper", [sys.executable, "-c", script], tmp_path / "sleeper.log", new_session=True,
                   pipe_stdout=True, core=sorted(os.sched_getaffinity(0))[0])
     assert child.read_line(time.monotonic() + 10) == b"up"

@@ -39,6 +39,7 @@ from batchscope.wire.bounded_read import METRICS_MAX_BYTES
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 CHARTED_LATENCIES = ("ttft", "tpot", "itl")
 PERCENTILES = ("p50", "p90", "p99")
+MS_DECIMALS = 2  # the table's and the charts' latencies alike: a legend's p99 is the table's to the digit
 LOAD_LEVEL = {"concurrency": ("concurrency", "users"), "poisson": ("rate", "req/s"), "offline": ("requests", "total")}
 DASHBOARDS = {"overview": "batchscope-overview", "comparison": "batchscope-comparison"}  # fixed Grafana uids
 
@@ -235,7 +236,7 @@ def chart_point(ctl: RunControl, window: Window, server: ServerMetrics,
     for name in CHARTED_LATENCIES:
         for p in PERCENTILES:
             value = getattr(window.latency[name], p)
-            point[f"{name}_{p}"] = None if value is None else round(value * 1000, 3)
+            point[f"{name}_{p}"] = None if value is None else charted_milliseconds(value)
     latest = server.latest if server.reachable else None
     point["running"] = None if latest is None else latest.running
     point["waiting"] = None if latest is None else latest.waiting
@@ -374,8 +375,15 @@ def latency_row(figure: str, dist: Distribution) -> dict[str, str]:
     return row("latency", figure, milliseconds(dist.mean), **{p: milliseconds(getattr(dist, p)) for p in PERCENTILES})
 
 
+def charted_milliseconds(seconds: float) -> float:
+    """A latency as the charts carry it: rounded as the table shows it (round and format are both correctly
+    rounded), so the browser's toFixed draws the table's digits; a finer value re-rounded there gave 1.09 beside
+    the table's 1.10."""
+    return round(seconds * 1000, MS_DECIMALS)
+
+
 def milliseconds(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.2f}"
+    return "-" if seconds is None else f"{seconds * 1000:.{MS_DECIMALS}f}"
 
 
 def throughput_rows(ctl: RunControl, window: Window) -> list[dict[str, str]]:
