@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import free_port, wait_until
-from tests.loadgen.test_webui import CHROMIUM_FLAGS, CLICK_LLM_TAB, ROOT, DevTools, devtools_port, stop, ui_answers
+from tests.loadgen.test_webui import CLICK_LLM_TAB, ROOT, DevTools, headless_chromium, stop, ui_answers
 
 SPEC = """\
 input_tokens: 64
@@ -116,9 +115,6 @@ def inked(image: Image.Image, box: list[float], colourful: bool = False) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_batchscope_load_web_shows_the_specs_load_the_knobs_and_readable_charts(simulator, tmp_path):
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Chromium is not installed (scripts/ensure-debian-packages chromium)")
     sim = simulator("--profile", "tiny", "--max-num-seqs", "8", "--max-num-batched-tokens", "512")
     (tmp_path / "spec.yaml").write_text(SPEC)
     out, port = tmp_path / "out", free_port()
@@ -129,20 +125,14 @@ def test_batchscope_load_web_shows_the_specs_load_the_knobs_and_readable_charts(
                                  "--spec", str(tmp_path / "spec.yaml"), "--host", sim.url, "--out", str(out),
                                  "--metrics-port", str(free_port()), "--vllm-command", VLLM_COMMAND],
                                 cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
-    profile = tmp_path / "chromium-profile"
-    browser = None
     try:
         wait_until(lambda: ui_answers(ui) or load.poll() is not None, timeout_s=30, message="the web UI")
         assert load.poll() is None, log.read_text()
         assert not (out / "summary.json").exists()
-        browser = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-                                    f"--window-size={SIZE[0]},{SIZE[1]}", ui],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        form, running, stopped = asyncio.run(drive(devtools_port(profile), tmp_path))
+        with headless_chromium(tmp_path, ui, SIZE) as devtools:
+            form, running, stopped = asyncio.run(drive(devtools, tmp_path))
         summary_written_while_up = (out / "summary.json").exists() and load.poll() is None
     finally:
-        if browser is not None:
-            stop(browser, group=True)
         stop(load)
     # the start form: the spec's load, not Locust's ignored fields (hidden, so not in the page's visible text)
     assert form["load"]["mode"] == "concurrency" and form["load"]["concurrency (users)"] == "4"

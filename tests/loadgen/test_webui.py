@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -290,6 +291,23 @@ async def watch_llm_tab(devtools_port: int, shots: Path) -> tuple[dict, str, dic
             return running, header_rps, stopped, await tools.evaluate(READ_TAB)
 
 
+@contextmanager
+def headless_chromium(tmp_path: Path, url: str, size: tuple[int, int]) -> Iterator[int]:
+    """Headless Chromium showing ``url`` with a fresh profile (the test is skipped without Chromium); yields its
+    DevTools port. Stopped with its whole process group on exit."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (scripts/ensure-debian-packages chromium)")
+    profile = tmp_path / "chromium-profile"
+    browser = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                                f"--window-size={size[0]},{size[1]}", url],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield devtools_port(profile)
+    finally:
+        stop(browser, group=True)
+
+
 def devtools_port(profile: Path) -> int:
     """Chromium writes the port it picked for --remote-debugging-port=0 into the profile directory."""
     active = profile / "DevToolsActivePort"
@@ -348,20 +366,11 @@ def server_queue(url: str) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_llm_tab_draws_cards_and_charts_and_freezes_them_at_the_stop(simulator, tmp_path):
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Chromium is not installed (scripts/ensure-debian-packages chromium)")
     sim = simulator("--profile", "tiny")
     spec = SPEC.replace("duration_s: 60", "duration_s: 14") + "warmup_s: 1\n"  # the run ends by itself
     with locust_ui(tmp_path, sim.url, spec, "--grafana-url", GRAFANA) as ui:
-        profile = tmp_path / "chromium-profile"
-        browser = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1400,1000",
-                                    ui + "?tab=llm"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            running, header_rps, stopped, later = asyncio.run(watch_llm_tab(devtools_port(profile), tmp_path))
-        finally:
-            stop(browser, group=True)
+        with headless_chromium(tmp_path, ui + "?tab=llm", (1400, 1000)) as devtools:
+            running, header_rps, stopped, later = asyncio.run(watch_llm_tab(devtools, tmp_path))
         idle = wait_until(lambda: server_queue(sim.url) == 0 or None, timeout_s=10, message="the server idle")
     # a grid of cards for a screen, not a list: several columns at 1400 px
     assert running["columns"] >= 2
