@@ -2,13 +2,15 @@
 ``--web``, in Locust's web UI (its start form shows the spec's load, its LLM tab the run and the knobs).
 
 Everything that can refuse the run is checked before Locust starts, so a refusal is one line and nothing else
-(no banner, no empty tables or CSV files): the flags, the spec, and the server (stream/target.py's pre-flight:
-``--host`` a URL that accepts a connection, the model, the length, the prompt ids' vocabulary, chat's words).
+(no banner, no empty tables or CSV files, no empty output folder): the flags, the spec, and the server
+(stream/target.py's pre-flight: ``--host`` a URL that accepts a connection, the model, the length, the prompt ids'
+vocabulary, chat's words).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -122,10 +124,10 @@ def preflight(spec: WorkloadSpec, host: str) -> tuple[int, int] | None:
 
 
 def check_inputs(args: argparse.Namespace) -> tuple[str, Path]:
-    """The flags beside the spec; returns the run id and the (created) output directory."""
+    """The flags beside the spec; returns the run id and the output directory (checked, made when Locust starts)."""
     if args.workers < 0:
         raise BadInput("--workers: must be >= 0")
-    check_port("--metrics-port", args.metrics_port)
+    check_metrics_port(args.metrics_port)
     for flag in ("grafana_url", "exporter_url", "vllm_command", "vllm_command_file"):
         if getattr(args, flag) and not args.web:
             raise BadInput(f"--{flag.replace('_', '-')}: for the web UI's LLM tab, only with --web")
@@ -144,5 +146,27 @@ def check_inputs(args: argparse.Namespace) -> tuple[str, Path]:
         check_port("--master-port", args.master_port, bind_host, host_flag="--master-bind-host")
     run_id = check_run_id(args.run_id) if args.run_id else run_ids.default_run_id()
     out = Path(args.out or Path("out") / run_id)
-    check_out_dir(out)
+    check_new_out_dir(out)
     return run_id, out
+
+
+def check_metrics_port(port: int) -> None:
+    """The client /metrics' port; the default is also the one `docker compose up` publishes (compose.yaml's Locust
+    master), so a run beside the stack is told which flag to give."""
+    try:
+        check_port("--metrics-port", port)
+    except BadInput as exc:
+        if port != DEFAULT_METRICS_PORT:
+            raise
+        raise BadInput(f"{exc}; it is the default, which `docker compose up` publishes too: pass --metrics-port a "
+                       "free port, or 0 for none") from None
+
+
+def check_new_out_dir(out: Path) -> None:
+    """``out`` can be created (or is a folder); the folders made to find out are removed again, so a run refused
+    later (the server's pre-flight) leaves none behind. Locust makes it when the run starts (its CSV files)."""
+    made = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
+    check_out_dir(out)
+    for folder in made:
+        with contextlib.suppress(OSError):  # something else wrote there meanwhile: it is not ours to remove
+            folder.rmdir()

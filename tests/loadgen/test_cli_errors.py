@@ -1,8 +1,10 @@
 """Bad input to `batchscope load` (and to `locust -f batchscope/loadgen/adapter/locustfile.py`): one short line naming
-the field, exit status 2, no traceback. Nothing here needs a server: every case is refused before a request is sent."""
+the field, exit status 2, no traceback, and no output folder left behind. Nothing here needs a server: every case is
+refused before a request is sent (or by the server's pre-flight)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from batchscope.loadgen.cli import LOCUSTFILE
+from batchscope.loadgen.figures import DEFAULT_METRICS_PORT
 from tests.conftest import free_port
 
 GOOD_SPEC = "input_tokens: 16\noutput_tokens: 8\nload: {mode: concurrency, concurrency: 2}\n"
@@ -87,6 +90,7 @@ def test_bad_input_gets_one_line_naming_the_field(tmp_path, case, via):
         assert len(errors) == 1, output[-3000:]
     assert all(len(line) <= 200 for line in errors)
     assert field in errors[0]
+    assert not (tmp_path / "out").exists(), "a refused run leaves no output folder"
 
 
 @pytest.mark.parametrize("case", WORKER_CASES)
@@ -94,9 +98,28 @@ def test_bad_worker_flags_get_one_line_naming_the_flag(tmp_path, case):
     args, flag = WORKER_CASES[case]
     spec = tmp_path / "spec.yaml"
     spec.write_text(GOOD_SPEC)
-    result = subprocess.run(command("batchscope", spec, args, tmp_path), capture_output=True, text=True, timeout=30)
+    result = subprocess.run(command("batchscope", spec, args, tmp_path), capture_output=True, text=True, timeout=30,
+                            cwd=tmp_path)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and flag in lines[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_default_metrics_port_taken_names_the_flag_and_the_way_out(tmp_path):
+    """`docker compose up` publishes the client metrics on the same port as `batchscope load`'s default."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(GOOD_SPEC)
+    with socket.socket() as taken:
+        with contextlib.suppress(OSError):  # already taken (a compose stack?): the same case
+            taken.bind(("127.0.0.1", DEFAULT_METRICS_PORT))
+            taken.listen()
+        result = subprocess.run([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec), "--host",
+                                 NO_SERVER], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"batchscope load: error: --metrics-port: 127.0.0.1:{DEFAULT_METRICS_PORT} is in use; it is the default, "
+        "which `docker compose up` publishes too: pass --metrics-port a free port, or 0 for none"]
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(("host", "cause"), [
@@ -109,28 +132,41 @@ def test_bad_worker_flags_get_one_line_naming_the_flag(tmp_path, case):
 def test_a_host_that_is_no_server_url_or_a_server_that_is_down_is_one_line_before_locust(tmp_path, host, cause):
     down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     host, cause = host.replace("DOWN", down), cause.replace("DOWN", down)
-    spec, out = tmp_path / "spec.yaml", tmp_path / "out"
+    spec = tmp_path / "spec.yaml"
     spec.write_text(GOOD_SPEC)
     result = subprocess.run([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec), "--host", host,
-                             "--out", str(out), "--metrics-port", str(free_port())],
-                            capture_output=True, text=True, timeout=60)
+                             "--metrics-port", str(free_port())], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     assert (result.stdout, result.stderr.splitlines()) == ("", [f"batchscope load: error: {cause}"])
-    assert not [path for path in out.rglob("*") if path.is_file()], "no empty CSV or summary files"
+    assert not (tmp_path / "out").exists(), "no out/<run id> folder, empty or with empty CSV files"
+
+
+def test_a_refusal_keeps_an_output_folder_that_was_there_and_removes_the_ones_it_made(tmp_path):
+    spec, kept = tmp_path / "spec.yaml", tmp_path / "kept"
+    spec.write_text(GOOD_SPEC)
+    kept.mkdir()
+    for out in (kept, kept / "new" / "deeper"):
+        result = subprocess.run([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec), "--host",
+                                 f"http://127.0.0.1:{free_port()}", "--out", str(out), "--metrics-port", "0"],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and "cannot connect" in result.stderr, result.stderr[-3000:]
+    assert kept.is_dir() and not list(kept.iterdir())
 
 
 @pytest.mark.e2e
 def test_a_server_that_wants_a_key_the_spec_lacks_is_named_with_its_status_before_locust(simulator, tmp_path):
     sim = simulator("--profile", "tiny", "--api-key", "right-key")
-    spec, out = tmp_path / "spec.yaml", tmp_path / "out"
+    spec = tmp_path / "spec.yaml"
     spec.write_text(GOOD_SPEC)
     result = subprocess.run([sys.executable, "-m", "batchscope.cli", "load", "--spec", str(spec), "--host", sim.url,
-                             "--out", str(out), "--metrics-port", str(free_port())],
-                            capture_output=True, text=True, timeout=60, env=without_keys())
+                             "--metrics-port", str(free_port())],
+                            capture_output=True, text=True, timeout=60, env=without_keys(), cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.splitlines() == [
         f"batchscope load: error: model: 'auto' could not read {sim.url}/v1/models (HTTP 401: the server wants an "
         "API key; set api_key in the spec or $BATCHSCOPE_API_KEY)"]
+    assert not (tmp_path / "out").exists()
 
 
 def without_keys() -> dict[str, str]:

@@ -46,9 +46,10 @@ def add_arguments(parser, **_kwargs) -> None:
 
 
 def check_options(options: argparse.Namespace) -> None:
-    """The flags beside the spec; raises BadInput naming the flag."""
+    """The flags beside the spec; raises BadInput naming the flag. The output directory last: checking it makes it,
+    and a run refused for another flag leaves none."""
     if options.run_id:
         check_run_id(options.run_id)
+    check_port("--metrics-port", options.metrics_port, options.metrics_host, host_flag="--metrics-host")
     if options.out:
         check_out_dir(Path(options.out))
-    check_port("--metrics-port", options.metrics_port, options.metrics_host, host_flag="--metrics-host")
