@@ -15,7 +15,7 @@ from batchscope.tuner.compare import Comparison
 from batchscope.tuner.mlperf import FOLDER_PREFIX, SCENARIOS, ServerRules, describe, nothing_measured, run_scenario
 from batchscope.tuner.plan import Plan, PlanError, load_plan, plan_runs
 from batchscope.tuner.report import WHAT_IF_SUFFIX, console_lines, scenario_dirs
-from batchscope.tuner.results import PLAN_FILE, CannotWrite, check_writable, load_results
+from batchscope.tuner.results import PLAN_FILE, RUN_FILE, CannotWrite, check_writable, load_results
 from batchscope.tuner.run import Interrupted, Progress, StopOnSignal, nothing_compared, run_plan
 
 
@@ -121,14 +121,26 @@ def run_mlperf(args: argparse.Namespace, plan: Plan, plan_dir: Path, live_file: 
 
 def run_report(args: argparse.Namespace) -> int:
     plan_dir = Path(args.plan_dir)
-    if not (plan_dir / PLAN_FILE).is_file() and not scenario_dirs(plan_dir):
-        return _error(f"{plan_dir}: no {PLAN_FILE} and no MLPerf scenario results (not a results/<plan> or "
-                      f"results/<plan>/mlperf-<scenario> folder)", "report")
+    problem = not_a_results_folder(plan_dir)
+    if problem:
+        return _error(f"plan_dir: {plan_dir} {problem}; expected a results folder (results/<plan> or "
+                      "results/<plan>/mlperf-<scenario>)", "report")
     try:
         _print_report(plan_dir)
     except (ValueError, CannotWrite) as exc:  # no finished run, runs whose conditions differ, a folder it cannot write
         return _error(str(exc), "report")
     return exits.OK
+
+
+def not_a_results_folder(path: Path) -> str:
+    """Why ``path`` is no folder a report can be written of ("" when it is one)."""
+    if not path.exists():
+        return "does not exist"
+    if not path.is_dir():
+        return "is a file"
+    if (path / PLAN_FILE).is_file() or scenario_dirs(path) or any(path.glob(f"*/{RUN_FILE}")):
+        return ""
+    return f"has no results (no {PLAN_FILE}, */{RUN_FILE} or mlperf-*/)"
 
 
 def _print_report(plan_dir: Path) -> None:

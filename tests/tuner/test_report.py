@@ -13,6 +13,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
+from batchscope.cli import main
 from batchscope.tuner.compare.metrics import METRICS
 from batchscope.tuner.plan import Plan
 from batchscope.tuner.report.files import CSV_COLUMNS, PLOTS, write_report
@@ -102,10 +103,11 @@ def test_markdown_has_the_tables(written):
     assert "Met the SLOs (p99 TTFT ≤ 1,000 ms, p99 TPOT ≤ 100 ms): baseline, tokens-8192\n" in text
 
 
-def test_without_plan_json_the_runs_conditions_and_default_slos_are_used(plan_dir):
+def test_without_plan_json_the_runs_conditions_and_default_slos_are_used(plan_dir, capsys):
     (plan_dir / "plan.json").unlink()
-    paths = {p.name: p for p in write_report(plan_dir)}
-    text = paths["report.md"].read_text()
+    assert main(["report", str(plan_dir)]) == 0  # its runs are results: `batchscope report` takes the folder
+    assert f"report: {plan_dir / 'report.md'}" in capsys.readouterr().out
+    text = (plan_dir / "report.md").read_text()
     assert "SLOs: p99 TTFT ≤ 2,000 ms, p99 TPOT ≤ 200 ms." in text and "| output tokens | 128 |" in text
 
 

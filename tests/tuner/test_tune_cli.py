@@ -65,16 +65,27 @@ def test_a_missing_plan_file_and_a_results_path_that_is_a_file_are_bad_input(tmp
     assert err.count("\n") == 1 and "--results" in err and "is a file" in err
 
 
-def test_report_of_a_folder_without_a_plan_is_bad_input(tmp_path, capsys):
-    assert main(["report", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+@pytest.mark.parametrize(("make", "problem"), [
+    (lambda path: None, "does not exist"),
+    (lambda path: path.write_text("name: tiny\n"), "is a file"),  # e.g. the plan file given for its results
+    (lambda path: (path / "notes").mkdir(parents=True), "has no results (no plan.json, */run.json or mlperf-*/)"),
+])
+def test_report_of_a_path_that_is_no_results_folder_says_what_it_is_and_what_was_expected(tmp_path, capsys, make,
+                                                                                         problem):
+    path = tmp_path / "results" / "tiny"
+    path.parent.mkdir()
+    make(path)
+    assert main(["report", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"batchscope report: error: plan_dir: {path} {problem}; expected a results folder "
+                                 "(results/<plan> or results/<plan>/mlperf-<scenario>)\n")
 
 
 def test_report_of_a_plan_without_finished_runs_is_one_line(tmp_path, capsys):
     (tmp_path / "plan.json").write_text("{}")
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no finished runs" in err
+    assert err.count("\n") == 1 and err.startswith("batchscope report: error: no finished runs under ")
 
 
 @pytest.mark.parametrize("flags", [[], ["--what-if"], ["--scenario", "offline", "--what-if"]])

@@ -52,7 +52,7 @@ def write_report(plan_dir: Path) -> list[Path]:
     results = [] if is_scenario_dir(plan_dir) else load_results(plan_dir)
     if not results:
         if not scenarios:
-            raise ValueError(f"report: no finished runs under {plan_dir} (no */run.json) and no MLPerf scenario "
+            raise ValueError(f"no finished runs under {plan_dir} (no */run.json) and no MLPerf scenario "
                              f"results (no mlperf-server/ or mlperf-offline/)")
         return _write(plan_dir, {"report.md": scenarios_markdown(plan_dir, scenarios),
                                  "report.html": scenarios_html(plan_dir, scenarios)})
