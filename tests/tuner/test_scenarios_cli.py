@@ -129,7 +129,7 @@ def test_a_scenario_folder_or_a_plan_folder_of_scenarios_alone_has_a_report(scen
 def test_report_of_a_folder_without_plan_or_scenarios_is_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "no plan.json and no MLPerf scenario results" in err
+    assert len(err.splitlines()) == 1 and "has no results (no plan.json, */run.json or mlperf-*/)" in err
 
 
 @pytest.mark.e2e
