@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from batchscope.tuner.run.metrics_sampler import SAMPLE_INTERVAL_S
 from tests.tuner.support import run_files, tune, write_plan
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "queue-knobs.yaml"
@@ -32,11 +33,19 @@ def test_the_queue_knobs_example_reports_rejections_goodput_and_the_suggestion(t
 
     # the comments' story: no cap, a queue that only grows; a cap below max_num_seqs buys latency with refusals
     # and a smaller batch; max_num_seqs + a short queue meets the bound with the best goodput; a deep queue
-    # rejects late and waits as long as no cap; the long-prefill cap lowers ITL p50 and rejects nothing
+    # fills in the window, then rejects the same excess and makes every admitted request wait; the long-prefill
+    # cap lowers ITL p50, lengthens prefill and rejects nothing
     assert value("baseline", "ttft_p99") > 4.0 and value("baseline", "rejected") == 0
     assert value("mnqr-64", "rejected_share") > value("mnqr-136", "rejected_share") > \
         value("mnqr-256", "rejected_share") > 0 == value("lptt-256", "rejected")
-    assert 0.2 < value("mnqr-136", "rejected_share") < 0.35 and value("mnqr-256", "rejected_share") < 0.1
+    assert 0.2 < value("mnqr-136", "rejected_share") < 0.3 and 0.15 < value("mnqr-256", "rejected_share") < 0.2
+    assert value("baseline", "max_waiting") > 300 and value("mnqr-256", "max_waiting") == 128
+    assert value("mnqr-64", "ttft_p99") < 0.5 and 9 < value("mnqr-256", "ttft_p99") < 12
+    assert value("lptt-256", "ttft_p99") > 0.9 * value("baseline", "ttft_p99")
+    prefill = {name: s["signals"]["prefill_time_mean_s"] for name, s in settings.items()}
+    assert 3 < prefill["lptt-256"] / prefill["baseline"] < 4
+    # the window: ~1,000 completed requests in every setting, so each p99 rests on ~10
+    assert all(900 < run["client"]["completed"] < 1200 for run in run_files(plan_dir).values())
     assert value("mnqr-64", "completion_throughput_rps") < 0.95 * value("baseline", "completion_throughput_rps")
     assert value("mnqr-136", "ttft_p99") < 2.0 < value("mnqr-256", "ttft_p99")
     assert value("mnqr-136", "goodput_rps") > 2 * value("baseline", "goodput_rps")
@@ -44,9 +53,10 @@ def test_the_queue_knobs_example_reports_rejections_goodput_and_the_suggestion(t
     # the server's counter and the client's records agree, refusal for refusal
     assert all(s["signals"]["admission_rejections"] == s["values"]["rejected"] for s in settings.values())
     report = (plan_dir / "report.md").read_text()
-    assert "**Recommended: mnqr-136**" in report and "Note: it rejects 27% of arrivals at admission" in report
+    assert "**Recommended: mnqr-136**" in report and "Note: it rejects 24% of arrivals at admission" in report
     assert "the queue is capped at 64 requests (max_num_queued_reqs), below max_num_seqs 128" in report
     assert "Suggested max_num_queued_tokens for mnqr-136: **" in report
+    assert "at mnqr-136 up to 9 requests waited, so the load exceeded what the server took" in report
     lines = result.stdout.splitlines()
     assert "rejected (%)" in next(line for line in lines if line.startswith("setting "))
     share = f"{value('mnqr-136', 'rejected_share') * 100:.1f}"
@@ -87,8 +97,10 @@ def test_a_real_time_tune_of_the_queue_cap_ranks_as_its_what_if(tmp_path):
             plan_dir.name
         assert "Suggested max_num_queued_tokens for " in (plan_dir / "report.md").read_text()
     # in real time the load generator's count is the simulator's counter's increase over the window, within the
-    # few refusals a /metrics read a second apart can put on the other side of the window's edges
+    # refusals a /metrics read a second apart can put on the other side of the window's edges: half a second's at
+    # each edge, a second's in all (16 of 159 in a 6 s window was seen on a loaded machine)
     for run in run_files(tmp_path / "results" / "queue-knobs").values():
         client, server = run["client"], run["server"]
+        per_second = server["admission_rejections"] / client["window_s"]
         assert abs(sum(client["rejected"].values()) - server["admission_rejections"]) <= \
-            max(3, 0.1 * server["admission_rejections"]), run["setting"]
+            max(3, per_second * SAMPLE_INTERVAL_S), run["setting"]

@@ -25,6 +25,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.text import Annotation  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 from matplotlib.transforms import Bbox, blended_transform_factory  # noqa: E402
 
 from batchscope.tuner.compare import METRIC_BY_KEY, Comparison, MetricDelta, SettingSummary  # noqa: E402
@@ -265,6 +266,10 @@ def fit_axis(ax: Axes, axis: str, values: list[float], bound: float | None) -> b
     scale: Callable[[float], float] = math.log10 if log else (lambda v: v)
     if log:
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+        ticks = ax.xaxis if axis == "x" else ax.yaxis
+        ticks.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 100, 200, 500, 1,000: read without powers
+        ticks.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+        ticks.set_minor_formatter(NullFormatter())
     shown_bound = bound is not None and (not log or bound > 0) and (
         hi == lo or (scale(hi) - scale(lo)) / (scale(max(hi, bound)) - scale(min(lo, bound))) >= SLO_SHARE)
     if shown_bound and bound is not None:

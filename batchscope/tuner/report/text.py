@@ -212,9 +212,20 @@ def queued_tokens_lines(c: Comparison) -> list[str]:
             f"{pick.ttft_target_s:g} s (the plan's p99 TTFT bound) × prefill throughput "
             f"{pick.prefill_tokens_per_s:,.0f} tokens/s ({pick.source_text}), vLLM's guidance: a request admitted "
             f"behind that many prompt tokens still in prefill gets its first token within about the target.",
-            "The throughput is the one this plan's load drew: below saturation it is the prompts offered, not what "
-            "the server could prefill, and the value is low; under a load above capacity, as here when requests "
-            "waited or were rejected, it is the server's."]
+            throughput_caveat(c.setting(pick.setting))]
+
+
+def throughput_caveat(s: SettingSummary) -> str:
+    """Whether the suggestion's throughput is the server's (requests waited or were refused: the load was above
+    what it could take) or only the load's (none did: what the server could prefill is higher, the value low)."""
+    waited, rejected = s.signals.get("max_waiting") or 0, s.values.get("rejected") or 0
+    head = "The throughput is the one this plan's load drew: "
+    if waited or rejected:
+        seen = f"up to {waited:,.0f} requests waited" if waited else f"{rejected:,.0f} were rejected"
+        return head + f"at {s.setting} {seen}, so the load exceeded what the server took: the figure is its own."
+    return head + (f"at {s.setting} no request waited and none was rejected, so it is the prompts the load offered, "
+                   "not what the server could prefill: the value is a lower bound, and a queue capped at it refuses "
+                   "sooner than it needs to; measure under a load above capacity for the server's own.")
 
 
 QUEUED_TOKENS_HEAD = ["setting", "TTFT target (s)", "prefill throughput (tokens/s)", "measured from",
