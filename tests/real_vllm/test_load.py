@@ -1,4 +1,5 @@
-"""The load generator against a real vLLM: exact lengths, one outcome each, our timings beside vLLM's own.
+"""The load generator against a real vLLM: exact lengths, one outcome each (a restart mid-load too), our timings
+beside vLLM's own.
 
 The shared server's model has a vocabulary of 8,000 tokens (below the 1,000-29,999 range prompt ids were once
 drawn from), so every completions run here also proves the ids fit the served vocabulary.
@@ -13,16 +14,23 @@ before vLLM has it) and must stay within 100 ms + 50% above it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from batchscope.loadgen.run.sender import AWAY_CAP_S
 from batchscope.loadgen.spec import WorkloadSpec
 from batchscope.loadgen.stream.target import probes_answered
+from batchscope.testkit.processes import Child, wait_until
+from batchscope.testkit.vllm import START_DEADLINE_S, healthy
 from batchscope.vllm.scrape import sample_sums
 from tests.conftest import run_load
+from tests.loadgen.test_restart import run_over_a_restart, the_gap
 from tests.real_vllm.support import SERVED_NAME, VllmServer, tier
 
 UNDERCUT_S = 0.005  # the client's mean may read below vLLM's by timer granularity, not more
 OVER_S, OVER_RATIO = 0.100, 0.5
+RESTART_WINDOW_S = 70.0  # a restart of up to ~60 s, the users back within 4 s, then requests again
 
 
 def delta(before: dict[str, float], after: dict[str, float], name: str) -> float:
@@ -154,3 +162,38 @@ def test_a_wrong_model_is_rejected_backed_off_and_stops_the_run_with_nothing_los
     assert "404" in (summary.get("failure") or "")
     assert delta(before, after, "vllm:request_success_total") == 0
     assert SERVED_NAME in vllm.metrics()
+
+
+def restart_on_its_port(server: VllmServer, workdir: Path) -> None:
+    """Stop ``server``'s whole process group (SIGTERM, SIGKILL after a while) and start `vllm serve` again on its
+    port with its flags; ``server`` then holds the new process, which the fixture's teardown stops."""
+    server.stop()
+    real = tier()
+    server.child = Child("vllm serve", real.serve_argv(server.port, *server.flags), workdir / "vllm-restarted.log",
+                         new_session=True, env=real.env())
+    wait_until(lambda: healthy(server.url) or None, START_DEADLINE_S, interval_s=0.25,
+               message="the restarted vllm serve to answer /health", alive=server.child.check_alive)
+
+
+def test_a_restart_of_vllm_under_load_is_a_gap_not_a_flood(vllm, tmp_path):
+    # the shared server, stopped mid-window (SIGTERM to its process group) and started again on its port with its
+    # flags: one start (30-60 s here), inside a window long enough for the users to come back and complete requests
+    users = 4
+    load = spec(duration_s=RESTART_WINDOW_S, load={"mode": "concurrency", "concurrency": users})
+    run = run_over_a_restart(tmp_path, load, vllm.url, vllm.port, lambda: restart_on_its_port(vllm, tmp_path),
+                             restart_deadline_s=START_DEADLINE_S)
+    summary = run.summary
+    window_end = summary["window_start_s"] + summary["effective_duration_s"]
+    assert run.up_s + AWAY_CAP_S < window_end, f"vLLM was away {run.away_s:.0f} s, too long for this window"
+    # vLLM's SIGTERM aborts what is in flight: the streams end early (length_mismatch, or an error event: http_error
+    # 500) and a request sent before its listener closes gets a 500; then connections are refused until it is back
+    gap, failed = the_gap(run, late_start_s=1.0)
+    dying = [r for r in run.records if r["outcome"] in ("http_error", "length_mismatch", "truncated")]
+    print(f"real vLLM restart, {users} users: away {run.away_s:.2f} s, gap {gap['duration_s']:.2f} s, "
+          f"{gap['connection_errors']} connection errors, {failed} failed ({len(dying)} cut or answered 500 by the "
+          f"stopping server): {failed / users / run.away_s:.2f} per user per second away; "
+          f"outcomes {summary['outcomes']}; gap from {gap['start_s'] - run.down_s:+.2f} s "
+          f"to {gap['end_s'] - run.up_s:+.2f} s")
+    assert failed <= users * run.away_s
+    # no warm-up: every connection error ended in the window, in the gap, and is left out of the failure rule
+    assert summary["failed_while_away"] == summary["failed"]["connection_error"] == gap["connection_errors"]
