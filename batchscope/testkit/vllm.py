@@ -6,6 +6,7 @@
     server.stop()
 
 The environment each start gets, and ``server.split_cores()``: docs/testkit.md, "Starting a real vLLM".
+``lean=True`` (a start's or ``env``'s): the model runs in the engine core's process (see LEAN_FLAGS).
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ STOP_TIMEOUT_S = 30.0
 # Every start's own flags: no access log line per request; eager mode, because the tier tests vLLM's API, scheduler
 # and /metrics, not torch.compile's CPU kernels, and an eager start is ready ~7 s sooner (27 s, compiled 34 s here)
 TIER_FLAGS = ("--disable-uvicorn-access-log", "--enforce-eager")
+# A lean start: the engine core runs the model itself instead of starting a worker process for it, so a start
+# imports vLLM and torch twice, not three times (the worker's import took 8-30 s of a 25-60 s start on 2 shared
+# cores). The scheduler, the API server, /metrics and the engine core's own process are vLLM's as ever; what
+# changes is the CPU build's OpenMP binding (vLLM binds only a worker process's threads), so a lean server has
+# nothing for split_cores to pin and its timings are not a default start's: for tests that count, not time.
+LEAN_FLAGS = ("--distributed-executor-backend", "uni")
+LEAN_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # without it the CPU platform turns "uni" back into "mp"
 
 
 @dataclass(frozen=True)
@@ -61,10 +69,11 @@ class Tier:
         """What scripts/build_tiny_model.py recorded: vocab_size, max_position_embeddings, seed."""
         return json.loads((self.model / "batchscope-model.json").read_text())
 
-    def env(self, kv_space_gib: int | None = 1) -> dict[str, str]:
-        """The environment of every start (repair 3 of real-parts.md §1); ``kv_space_gib`` None: vLLM sizes it."""
+    def env(self, kv_space_gib: int | None = 1, lean: bool = False) -> dict[str, str]:
+        """The environment of every start (repair 3 of real-parts.md §1); ``kv_space_gib`` None: vLLM sizes it;
+        ``lean``: a lean start's (LEAN_FLAGS)."""
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(self.path / "compile-cache"),
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **(LEAN_ENV if lean else {})}
         if kv_space_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_space_gib)
         return env
@@ -74,13 +83,15 @@ class Tier:
         return [str(self.vllm), "serve", str(self.model), "--served-model-name", SERVED_NAME, "--host", host,
                 "--port", str(port), *TIER_FLAGS, *flags]
 
-    def start(self, workdir: Path, *flags: str, kv_space_gib: int | None = 1) -> VllmServer:
-        """Start `vllm serve` with ``flags`` on a free loopback port; wait, with a deadline, for /health."""
+    def start(self, workdir: Path, *flags: str, kv_space_gib: int | None = 1, lean: bool = False) -> VllmServer:
+        """Start `vllm serve` with ``flags`` on a free loopback port; wait, with a deadline, for /health.
+        ``lean``: a lean start (LEAN_FLAGS), its flags after ``flags``."""
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log_path = workdir / f"vllm-{port}-{time.monotonic_ns()}.log"
+        flags = (*flags, *LEAN_FLAGS) if lean else flags
         child = Child("vllm serve", self.serve_argv(port, *flags), log_path, new_session=True,
-                      env=self.env(kv_space_gib))
+                      env=self.env(kv_space_gib, lean))
         try:
             wait_until(lambda: healthy(url) or None, START_DEADLINE_S, interval_s=0.25,
                        message="vllm serve to answer /health", alive=child.check_alive)

@@ -2,7 +2,8 @@
 above the cap gets vLLM's 503s as rejected_busy, exactly as many as vLLM counts in its rejection counter, every
 request has one outcome, and the arrival schedule is kept (no back-off: the offered load is the spec's).
 
-One server of its own (the cap is a start flag), about 20 s of load.
+The tier's queue-knob server (conftest's queue_knobs_vllm: four running, at most 8 waiting + running; its token
+limit is out of reach of 8 prompts of 96 tokens), about 10 s of load.
 """
 
 from __future__ import annotations
@@ -13,30 +14,21 @@ import pytest
 from batchscope.vllm.catalogue import ADMISSION_REJECTIONS
 from batchscope.vllm.scrape import sample_sums
 from tests.conftest import run_load
-from tests.real_vllm.support import SHARED_FLAGS, tier
 
-CAP = 2
-RATE, SEED, WARMUP_S, DURATION_S = 8.0, 6, 1.0, 20.0  # the seed's schedule has 160 arrivals in the window: 8.0/s
+RATE, SEED, WARMUP_S, DURATION_S = 8.0, 25, 1.0, 10.0  # the seed's schedule has 80 arrivals in the window: 8.0/s
 LOAD = {"model": "auto", "endpoint": "completions", "input_tokens": 96, "output_tokens": 64, "stream": True,
         "timeout_s": 60, "seed": SEED, "warmup_s": WARMUP_S, "duration_s": DURATION_S,
         "load": {"mode": "poisson", "rate": RATE}}
-
-
-@pytest.fixture(scope="module")
-def capped(tmp_path_factory: pytest.TempPathFactory):
-    server = tier().start(tmp_path_factory.mktemp("vllm-capped"), *SHARED_FLAGS, "--max-num-queued-reqs", str(CAP))
-    yield server
-    server.stop()
 
 
 def rejections(metrics_text: str) -> float:
     return sample_sums(metrics_text).get(ADMISSION_REJECTIONS.name + "_total", 0.0)
 
 
-def test_an_open_loop_above_the_cap_counts_vllms_rejections_exactly_and_keeps_its_rate(capped, tmp_path):
-    before = rejections(capped.metrics())
-    result = run_load(tmp_path, LOAD, capped.url)
-    rejected_by_vllm = rejections(capped.metrics()) - before
+def test_an_open_loop_above_the_cap_counts_vllms_rejections_exactly_and_keeps_its_rate(queue_knobs_vllm, tmp_path):
+    before = rejections(queue_knobs_vllm.metrics())
+    result = run_load(tmp_path, LOAD, queue_knobs_vllm.url)
+    rejected_by_vllm = rejections(queue_knobs_vllm.metrics()) - before
     summary, records = result.summary, result.records
     assert "Traceback" not in result.output and summary, result.output[-3000:]
     assert summary["balanced"] and summary["started"] == sum(summary["outcomes"].values()) == len(records)
