@@ -219,11 +219,12 @@ def throughput_caveat(s: SettingSummary) -> str:
     """Whether the suggestion's throughput is the server's (requests waited or were refused: the load was above
     what it could take) or only the load's (none did: what the server could prefill is higher, the value low)."""
     waited, rejected = s.signals.get("max_waiting") or 0, s.values.get("rejected") or 0
+    waited = waited if waited >= 2 else 0  # one request seen waiting at a /metrics read arrived between steps
     head = "The throughput is the one this plan's load drew: "
     if waited or rejected:
-        seen = f"up to {waited:,.0f} requests waited" if waited else f"{rejected:,.0f} were rejected"
+        seen = f"up to {waited:,.0f} requests waited" if waited else f"admission refused {rejected:,.0f}"
         return head + f"at {s.setting} {seen}, so the load exceeded what the server took: the figure is its own."
-    return head + (f"at {s.setting} no request waited and none was rejected, so it is the prompts the load offered, "
+    return head + (f"at {s.setting} no queue formed and none was rejected, so it is the prompts the load offered, "
                    "not what the server could prefill: the value is a lower bound, and a queue capped at it refuses "
                    "sooner than it needs to; measure under a load above capacity for the server's own.")
 
