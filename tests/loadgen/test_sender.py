@@ -159,3 +159,12 @@ def test_a_report_is_a_delta_of_records_and_cumulative_counts_and_survives_the_w
     assert again.final
     back = SenderReport.from_wire(first.to_wire())
     assert back == first and back.records[0].itl_s == [0.1, 0.2] and back.not_sent["server_away"] == 1
+
+
+def test_a_request_reaching_the_sender_after_the_stop_is_neither_started_nor_delivered():
+    delivered: list[RequestRecord] = []
+    load = LoadRun(spec("load.mode=poisson", "load.rate=5"), TARGET, run_id="r", worker_index=0, workers=1,
+                   on_record=delivered.append)
+    load.stop_now()
+    record = load.send(load.connection_pool(), load.new_record(1.0))
+    assert record.sent_s is None and load.started == 0 and delivered == [] and load.report(final=True).records == []

@@ -157,7 +157,10 @@ class LoadRun:
                              worker=self.worker_index, scheduled_s=scheduled_s)
 
     def send(self, pool: ConnectionPool, record: RequestRecord) -> RequestRecord:
-        """Send ``record``'s request and deliver it, whatever happens."""
+        """Send ``record``'s request and deliver it, whatever happens; after the stop, neither (as the schedule's
+        later arrivals): a greenlet spawned just before the stop may first run after the final report."""
+        if not self.accepting:
+            return record
         self.started += 1
         connection = pool.acquire()
         self._active[record.request_id] = (record, connection)
