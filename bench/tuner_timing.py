@@ -2,10 +2,11 @@
 and the what-if run of the same plan take, wall clock, and whether the expected directions hold.
 
 Runs `batchscope tune examples/one-knob.yaml` into a fresh temporary results folder, once in real time and once
-with --what-if, and reads each run.json. Targets (issue 9): the real-time plan in under 3 minutes, the what-if
-plan in under 10 s, and in both the seed's directions: max_num_batched_tokens 8192 gives a lower mean TTFT than
-1024, max_num_seqs 32 queues (max waiting >= 10) and raises TTFT, the low gpu_memory_utilization preempts where
-the baseline does not. Exit status 0 whatever the figures; non-zero when a plan does not finish.
+with --what-if, and reads each run.json. Targets: real time under 11 min, what-if under 30 s (issue 32's 100 s
+windows, for a p99 on >= 1,000 requests: 5 x 110 s plus starts), and in both the seed's directions:
+max_num_batched_tokens 8192 gives a lower mean TTFT than 1024, max_num_seqs 32 queues (max waiting >= 10) and
+raises TTFT, the low gpu_memory_utilization preempts where the baseline does not. Exit status 0 whatever the
+figures; non-zero when a plan does not finish.
 
     .venv/bin/python bench/tuner_timing.py [--plan examples/one-knob.yaml] [--json FILE]
 """
@@ -23,7 +24,7 @@ from batchscope.testkit.processes import SetupError
 from batchscope.testkit.report import add_json_option, argument_parser, targets_table, write_json
 
 REPO = Path(__file__).resolve().parent.parent
-TARGETS_S = {"real-time": 180.0, "what-if": 10.0}
+TARGETS_S = {"real-time": 660.0, "what-if": 30.0}
 
 
 def run_plan(plan: Path, results: Path, *flags: str) -> tuple[float, dict[str, dict]]:
